@@ -1,0 +1,315 @@
+"""ResumeCallback: MiniMind's dual checkpoint files plus Lightning's, and exact resume from any of them."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+import torch.distributed as dist
+from lightning.pytorch.callbacks import Checkpoint
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+
+from lit_minimind.checkpoint import (
+    EXTRA_KEY,
+    FORMAT_VERSION,
+    CheckpointError,
+    checkpoint_paths,
+    checkpoint_stem,
+    corrected_step,
+    library_versions,
+    manifest_path,
+    read_checkpoint,
+    save_resume_checkpoint,
+    unwrap_model,
+)
+from lit_minimind.lightning_io import RESUME_STATE_KEY, SafeCheckpointIO, fit_loop_state_at, rng_state, set_rng_state
+
+log = logging.getLogger(__name__)
+
+
+class ResumeCallback(Checkpoint):
+    """Writes MiniMind's checkpoint files and makes every resume exact.
+
+    Every ``save_interval`` batches of an epoch and at its last batch (MiniMind's
+    ``step % save_interval == 0 or step == iters``) global rank 0 writes, atomically:
+    ``{out_dir}/{weight}_{hidden}{_moe}.pth`` (fp16 weights), ``{ckpt_dir}/..._resume.pth``
+    (MiniMind's resume dict plus our exact-resume extras) and a Lightning checkpoint
+    ``{ckpt_dir}/{weight}_{hidden}{_moe}_e{epoch}_s{step}_g{global_step}.ckpt`` (the newest
+    ``keep_last`` are kept). On resume (``trainer.fit(ckpt_path=...)``) it corrects the step
+    for a changed world size, positions Lightning's loops, makes the data module skip the
+    trained batches at index level and restores RNG state and partially accumulated gradients.
+
+    Args:
+        save_interval: save every this many batches of an epoch (MiniMind's ``save_interval``).
+        out_dir: directory of the fp16 weight export (MiniMind's ``out``).
+        ckpt_dir: directory of the resume checkpoints (MiniMind's ``checkpoints``).
+        weight: file name prefix (MiniMind's ``save_weight``).
+        keep_last: how many Lightning checkpoints to keep as a rolling window.
+        save_every_minutes: also save when this many minutes passed since the last save.
+    """
+
+    def __init__(
+        self,
+        save_interval: int = 1000,
+        out_dir: str = "out",
+        ckpt_dir: str = "checkpoints",
+        weight: str = "pretrain",
+        keep_last: int = 2,
+        save_every_minutes: float | None = None,
+    ) -> None:
+        if save_interval < 1:
+            raise ValueError(f"save_interval must be >= 1, got {save_interval}")
+        if keep_last < 1:
+            raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+        self.save_interval = save_interval
+        self.out_dir = Path(out_dir)
+        self.ckpt_dir = Path(ckpt_dir)
+        self.weight = weight
+        self.keep_last = keep_last
+        self.save_every_minutes = save_every_minutes
+        self.dirpath = str(self.ckpt_dir)
+        self.wandb_id: str | None = None
+        self.resumed_from: dict[str, Any] | None = None
+        self.saved_files: list[Path] = []
+        self._state: dict[str, Any] = {}
+        self._pending_restore: dict[str, Any] | None = None
+        self._last_save_time = time.monotonic()
+
+    @property
+    def state_key(self) -> str:
+        return RESUME_STATE_KEY
+
+    # ------------------------------------------------------------------ names
+    def stem(self, pl_module: L.LightningModule) -> str:
+        cfg = unwrap_model(pl_module).config
+        return checkpoint_stem(self.weight, cfg.hidden_size, cfg.use_moe)
+
+    def lightning_path(self, pl_module: L.LightningModule, epoch: int, step: int, global_step: int) -> Path:
+        return self.ckpt_dir / f"{self.stem(pl_module)}_e{epoch}_s{step}_g{global_step}.ckpt"
+
+    # ------------------------------------------------------------------ predicates
+    def should_save(self, trainer: L.Trainer, step: int, iters: int) -> bool:
+        """MiniMind's rule, plus the optional time-based cadence (agreed on by all ranks)."""
+        if step % self.save_interval == 0 or step == iters:
+            return True
+        if self.save_every_minutes is None:
+            return False
+        due = time.monotonic() - self._last_save_time >= self.save_every_minutes * 60
+        return bool(trainer.strategy.broadcast(due, src=0))
+
+    @staticmethod
+    def is_mid_window(trainer: L.Trainer, step: int, iters: int) -> bool:
+        """True when gradients of this window are accumulated but not yet applied."""
+        return not (step % trainer.accumulate_grad_batches == 0 or step == iters)
+
+    # ------------------------------------------------------------------ hooks: setup/restore
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        trainer.strategy.checkpoint_io = SafeCheckpointIO()
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        state = (checkpoint.get("callbacks") or {}).get(self.state_key)
+        if not state:
+            return  # a Lightning checkpoint written without us: Lightning restores what it can
+        datamodule = trainer.datamodule
+        world = trainer.world_size
+        saved_world = int(state.get("world_size") or 1)
+        epoch, saved_step = int(state["epoch"]), int(state["step"])
+        step = corrected_step(saved_step, saved_world, world)
+        if saved_world != world:
+            rank_zero_info(f"world size changed ({saved_world}→{world}): step {saved_step} → {step}")
+        iters = datamodule.batches_per_epoch(world)
+        accumulate = trainer.accumulate_grad_batches
+        global_step = state.get("global_step")
+        if global_step is None:  # original MiniMind file: count its optimizer steps
+            global_step = epoch * math.ceil(iters / accumulate) + step // accumulate
+        if step > iters:
+            raise CheckpointError(f"checkpoint is at step {step} of epoch {epoch + 1}, but an epoch has only {iters} batches here")
+        if checkpoint.get("loops") is None or step != saved_step:
+            template = trainer.fit_loop.state_dict()
+            if step >= 1:
+                checkpoint["loops"] = {"fit_loop": fit_loop_state_at(template, epoch, step, iters, accumulate, global_step)}
+            elif epoch > 0:  # nothing trained yet in this epoch: as if the previous one just ended
+                checkpoint["loops"] = {"fit_loop": fit_loop_state_at(template, epoch - 1, iters, iters, accumulate, global_step)}
+            else:
+                checkpoint["loops"] = None
+        checkpoint["global_step"] = global_step
+        if 0 < step < iters:
+            datamodule.resume_at(epoch, step)
+            rank_zero_info(f"resuming epoch {epoch + 1} at step {step + 1}/{iters}: skipping {step} trained batches")
+        else:
+            rank_zero_info(f"resuming at the start of epoch {epoch + 1 + (step >= iters)}")
+        self.wandb_id = state.get("wandb_id")
+        self.resumed_from = {"epoch": epoch, "step": step, "saved_step": saved_step, "world_size": saved_world,
+                             "global_step": global_step, "source": state.get("source_format", "lightning")}
+        grads = state.get("grads")
+        if grads is not None and (saved_world != world or step != saved_step):
+            rank_zero_warn("world size changed mid accumulation window: its partial gradients are dropped")
+            grads = None
+        if isinstance(grads, list):  # one dict per rank (DDP)
+            grads = grads[trainer.global_rank]
+        self._pending_restore = {"rng": state.get("rng"), "grads": grads}
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._last_save_time = time.monotonic()
+        pending, self._pending_restore = self._pending_restore, None
+        if not pending:
+            return
+        if pending.get("grads"):
+            params = dict(pl_module.named_parameters())
+            for name, grad in pending["grads"].items():
+                params[name].grad = grad.to(device=params[name].device, dtype=params[name].dtype)
+        if pending.get("rng") is not None:
+            set_rng_state(pending["rng"])
+
+    # ------------------------------------------------------------------ hooks: saving
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        step, iters = batch_idx + 1, int(trainer.num_training_batches)
+        if self.should_save(trainer, step, iters):
+            self.save(trainer, pl_module, trainer.current_epoch, step)
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self._state)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        pass  # everything is applied in on_load_checkpoint, which also sees the loop state
+
+    # ------------------------------------------------------------------ actions
+    def save(self, trainer: L.Trainer, pl_module: L.LightningModule, epoch: int, step: int) -> None:
+        """Write the Lightning checkpoint and MiniMind's two files for the state after ``step``."""
+        iters = int(trainer.num_training_batches)
+        self.wandb_id = self._current_wandb_id(trainer) or self.wandb_id
+        grads = self._partial_grads(trainer, pl_module) if self.is_mid_window(trainer, step, iters) else None
+        self._state = {
+            "epoch": epoch,
+            "step": step,
+            "world_size": trainer.world_size,
+            "wandb_id": self.wandb_id,
+            "global_step": trainer.global_step,
+            "rng": rng_state(),
+            "grads": grads,
+            "iters": iters,
+            "format": FORMAT_VERSION,
+        }
+        lightning_path = self.lightning_path(pl_module, epoch, step, trainer.global_step)
+        trainer.save_checkpoint(lightning_path)  # collective; rank 0 writes through SafeCheckpointIO
+        if trainer.is_global_zero:
+            self._save_minimind_files(trainer, pl_module)
+            self.prune(pl_module)
+        trainer.strategy.barrier("ResumeCallback.save")
+        self._last_save_time = time.monotonic()
+
+    def _save_minimind_files(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        model = unwrap_model(pl_module)
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        extra = {
+            "format": FORMAT_VERSION,
+            "model_fp32": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+            "callback": self._state,
+            "hyper_parameters": dict(pl_module.hparams),
+            "config": model.config.to_dict(),
+            "versions": library_versions(),
+        }
+        weights, resume = save_resume_checkpoint(
+            model,
+            trainer.optimizers[0],
+            save_dir=self.ckpt_dir,
+            weights_dir=self.out_dir,
+            weight=self.weight,
+            hidden_size=model.config.hidden_size,
+            use_moe=model.config.use_moe,
+            epoch=self._state["epoch"],
+            step=self._state["step"],
+            scaler=scaler,
+            extra_state={EXTRA_KEY: extra},
+            wandb_id=self.wandb_id,
+            world_size=trainer.world_size,
+        )
+        self.saved_files = [weights, resume]
+
+    def prune(self, pl_module: L.LightningModule) -> None:
+        """Keep only the newest ``keep_last`` Lightning checkpoints of this run's name."""
+        ckpts = sorted(self.ckpt_dir.glob(f"{self.stem(pl_module)}_e*_s*_g*.ckpt"), key=progress_key, reverse=True)
+        for old in ckpts[self.keep_last :]:
+            SafeCheckpointIO().remove_checkpoint(old)
+
+    def _partial_grads(self, trainer: L.Trainer, pl_module: L.LightningModule) -> Any:
+        local = {n: p.grad.detach().cpu().clone() for n, p in pl_module.named_parameters() if p.grad is not None}
+        if trainer.world_size == 1 or not dist.is_initialized():
+            return local
+        gathered: list[Any] = [None] * trainer.world_size
+        dist.all_gather_object(gathered, local)  # DDP accumulates locally: keep every rank's part
+        return gathered
+
+    @staticmethod
+    def _current_wandb_id(trainer: L.Trainer) -> str | None:
+        for logger in trainer.loggers:
+            if logger.__class__.__name__ == "WandbLogger" and trainer.is_global_zero:
+                return str(logger.experiment.id)
+        return None
+
+
+def progress_key(path: Path) -> tuple[int, int, int, float]:
+    """Sort key of a checkpoint by training progress: (epoch, samples-ish step, global step, mtime)."""
+    meta: dict[str, Any] = {}
+    try:
+        meta = json.loads(manifest_path(path).read_text())
+    except (OSError, ValueError):
+        pass
+    epoch = int(meta.get("epoch", -1))
+    step = int(meta.get("step", -1)) * int(meta.get("world_size", 1) or 1)
+    global_step = int(meta.get("global_step", -1) if meta.get("global_step") is not None else -1)
+    mtime = path.stat().st_mtime if path.exists() else 0.0
+    return epoch, step, global_step, mtime
+
+
+def resolve_last(ckpt_dir: str | Path, stem: str) -> Path | None:
+    """The newest valid resume checkpoint of ``stem`` in ``ckpt_dir``, or ``None``.
+
+    Candidates: our Lightning checkpoints and MiniMind's ``{stem}_resume.pth``. A file that is
+    truncated, corrupted or unreadable is skipped with a warning naming it and the reason.
+    On equal progress the Lightning checkpoint is preferred.
+    """
+    ckpt_dir = Path(ckpt_dir)
+    _, minimind_resume = checkpoint_paths(ckpt_dir, *_split_stem(stem))
+    candidates = list(ckpt_dir.glob(f"{stem}_e*_s*_g*.ckpt"))
+    if minimind_resume.exists():
+        candidates.append(minimind_resume)
+    keyed = []
+    for path in candidates:
+        key = progress_key(path)
+        if key[0] < 0:  # no manifest (original MiniMind's file, or a torn save): read its position
+            try:
+                ckpt = read_checkpoint(path, verify=False)
+            except CheckpointError as err:
+                rank_zero_warn(f"skipping checkpoint {err}")
+                continue
+            state = ckpt.get("callbacks", {}).get(RESUME_STATE_KEY, ckpt)
+            key = (int(state.get("epoch", 0)), int(state.get("step", 0)) * int(state.get("world_size") or 1), -1, key[3])
+        keyed.append((key[:3], path.suffix == ".ckpt", key[3], path))
+    for *_, path in sorted(keyed, key=lambda k: k[:3], reverse=True):
+        try:
+            read_checkpoint(path) if not manifest_path(path).exists() else _verify_only(path)
+        except CheckpointError as err:
+            rank_zero_warn(f"skipping checkpoint {err}")
+            continue
+        return path
+    return None
+
+
+def _verify_only(path: Path) -> None:
+    from lit_minimind.checkpoint import _verify_manifest
+
+    _verify_manifest(path)
+
+
+def _split_stem(stem: str) -> tuple[str, int, bool]:
+    use_moe = stem.endswith("_moe")
+    base = stem[: -len("_moe")] if use_moe else stem
+    weight, _, hidden = base.rpartition("_")
+    return weight, int(hidden), use_moe

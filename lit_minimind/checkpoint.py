@@ -1,0 +1,299 @@
+"""MiniMind's checkpoint files: one writer and one reader for the CLI, the callback and the library.
+
+The file layout is MiniMind's (lesson 15):
+
+* ``{out_dir}/{weight}_{hidden}{_moe}.pth`` - fp16 CPU state dict with MiniMind's keys;
+* ``{ckpt_dir}/{weight}_{hidden}{_moe}_resume.pth`` - ``model`` (fp16), ``optimizer``,
+  ``epoch``, ``step``, ``world_size``, ``wandb_id``, ``scaler``; plus, under ``lit_minimind``,
+  what an exact resume needs (fp32 weights, RNG, partial gradients, global step, config,
+  versions). Original MiniMind still loads these files.
+
+Every write is atomic (tmp file in the same directory, fsync, ``os.replace``) and is
+followed by a manifest ``<file>.manifest.json`` recording size and sha256, so a reader can
+tell a complete file from a torn or corrupted one. Every read is ``weights_only``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import pickle
+import platform
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+EXTRA_KEY = "lit_minimind"
+MANIFEST_SUFFIX = ".manifest.json"
+MINIMIND_KEYS = ("model", "optimizer", "epoch", "step")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file that cannot be used; the message names the file and the problem."""
+
+
+# ----------------------------------------------------------------------------- paths
+
+
+def checkpoint_paths(save_dir: str | os.PathLike, weight: str, hidden_size: int, use_moe: bool = False) -> tuple[Path, Path]:
+    """MiniMind's names: ``(save_dir/{weight}_{hidden}{_moe}.pth, save_dir/..._resume.pth)``."""
+    stem = checkpoint_stem(weight, hidden_size, use_moe)
+    return Path(save_dir) / f"{stem}.pth", Path(save_dir) / f"{stem}_resume.pth"
+
+
+def checkpoint_stem(weight: str, hidden_size: int, use_moe: bool = False) -> str:
+    return f"{weight}_{hidden_size}{'_moe' if use_moe else ''}"
+
+
+def manifest_path(path: str | os.PathLike) -> Path:
+    return Path(f"{os.fspath(path)}{MANIFEST_SUFFIX}")
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+class _HashingWriter:
+    """File wrapper that hashes what ``torch.save`` writes, so no second read is needed."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self._f = f
+        self.sha256 = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes) -> int:
+        self.sha256.update(data)
+        self.size += len(data)
+        return self._f.write(data)
+
+    def flush(self) -> None:
+        self._f.flush()
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # not supported everywhere (e.g. some network filesystems)
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_save(obj: Any, path: str | os.PathLike, meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``torch.save`` to ``path`` atomically and record a manifest beside it.
+
+    The previous file stays intact until the new one is complete on disk. Any failure
+    (ENOSPC, EFBIG, EACCES, a kill) leaves at most a ``.tmp`` file behind, which the next
+    successful save of the same path replaces. Returns the manifest.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            writer = _HashingWriter(f)
+            torch.save(obj, writer)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    manifest = {"file": path.name, "size": writer.size, "sha256": writer.sha256.hexdigest(), **(meta or {})}
+    mtmp = manifest_path(path).with_suffix(".tmp")
+    with open(mtmp, "w") as f:
+        json.dump(manifest, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(mtmp, manifest_path(path))
+    _fsync_dir(path.parent)
+    return manifest
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The bare model under DDP (``.module``), ``torch.compile`` (``_orig_mod``) or our LightningModule."""
+    model = getattr(model, "module", model)
+    model = getattr(model, "_orig_mod", model)
+    inner = getattr(model, "model", None)
+    if isinstance(inner, nn.Module) and hasattr(inner, "lm_head"):  # LitMiniMind -> MiniMindForCausalLM
+        model = inner
+    return model
+
+
+def fp16_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """MiniMind's export: every tensor of the unwrapped model's state dict as fp16 on CPU."""
+    return {k: v.detach().half().cpu() for k, v in unwrap_model(model).state_dict().items()}
+
+
+def current_world_size() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def library_versions() -> dict[str, str]:
+    import lightning
+
+    from lit_minimind import __version__
+
+    return {"lit_minimind": __version__, "torch": torch.__version__, "lightning": lightning.__version__, "python": platform.python_version()}
+
+
+def save_resume_checkpoint(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    save_dir: str | os.PathLike,
+    weight: str,
+    hidden_size: int,
+    use_moe: bool,
+    epoch: int,
+    step: int,
+    scaler: Any | None = None,
+    extra_state: Mapping[str, Any] | None = None,
+    weights_dir: str | os.PathLike | None = None,
+    wandb_id: str | None = None,
+    world_size: int | None = None,
+) -> tuple[Path, Path]:
+    """Write MiniMind's two files (fp16 weights and the resume dict) atomically.
+
+    ``weights_dir`` (default ``save_dir``) receives the fp16 weights, as MiniMind's
+    ``out/``; ``extra_state`` entries are merged into the resume dict (objects with a
+    ``state_dict()`` are stored by their state dict, as MiniMind's ``**kwargs``).
+    Returns ``(weights_path, resume_path)``.
+    """
+    weights_path, _ = checkpoint_paths(weights_dir or save_dir, weight, hidden_size, use_moe)
+    _, resume_path = checkpoint_paths(save_dir, weight, hidden_size, use_moe)
+    weights = fp16_state_dict(model)
+    world_size = current_world_size() if world_size is None else world_size
+    position = {"epoch": epoch, "step": step, "world_size": world_size}
+    atomic_save(weights, weights_path, {"kind": "weights", **position})
+    resume: dict[str, Any] = {
+        "model": weights,
+        "optimizer": optimizer.state_dict(),
+        **position,
+        "wandb_id": wandb_id,
+    }
+    if scaler is not None:
+        resume["scaler"] = scaler.state_dict()
+    for key, value in (extra_state or {}).items():
+        if value is not None:
+            resume[key] = value.state_dict() if hasattr(value, "state_dict") else value
+    atomic_save(resume, resume_path, {"kind": "minimind_resume", **position})
+    return weights_path, resume_path
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def _verify_manifest(path: Path) -> None:
+    """Check size and sha256 against the manifest written beside the file, if there is one."""
+    mpath = manifest_path(path)
+    if not mpath.exists():
+        return
+    try:
+        manifest = json.loads(mpath.read_text())
+        expected_size, expected_sha = int(manifest["size"]), str(manifest["sha256"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(f"{path}: its manifest {mpath.name} is unreadable ({err})") from err
+    size = path.stat().st_size
+    if size != expected_size:
+        raise CheckpointError(
+            f"{path}: size {size} bytes differs from the {expected_size} bytes recorded when it was saved "
+            "(truncated, or replaced by an interrupted save)"
+        )
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            sha.update(chunk)
+    if sha.hexdigest() != expected_sha:
+        raise CheckpointError(f"{path}: sha256 differs from the one recorded when it was saved (corrupted)")
+
+
+def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu", verify: bool = True) -> dict[str, Any]:
+    """Load any checkpoint (ours, Lightning's, original MiniMind's) safely, or explain why not.
+
+    Always ``weights_only=True``: a file whose unpickling would import or call code is
+    refused. Raises :class:`CheckpointError` naming the file and what is wrong.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such checkpoint file")
+    if path.is_dir():
+        raise CheckpointError(f"{path}: is a directory, not a checkpoint file")
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"{path}: is empty (0 bytes); an interrupted or failed save?")
+    if verify:
+        _verify_manifest(path)
+    try:
+        obj = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as err:
+        text = str(err)
+        if "Weights only load failed" in text or "Unsupported global" in text or "Unsupported operand" in text:
+            first = next((line.strip() for line in text.splitlines() if "Unsupported" in line), text.splitlines()[0])
+            raise CheckpointError(
+                f"{path}: refused to load: unpickling it would run code outside plain tensors and containers "
+                f"({first}). Only load checkpoints you trust; this one is not a plain checkpoint."
+            ) from None
+        raise CheckpointError(f"{path}: not a readable torch checkpoint ({text.splitlines()[0]})") from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as err:
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise CheckpointError(f"{path}: truncated or corrupted checkpoint ({first})") from None
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"{path}: holds a {type(obj).__name__}, not a checkpoint dict")
+    return obj
+
+
+def checkpoint_kind(ckpt: Mapping[str, Any]) -> str:
+    """``lightning``, ``minimind_resume``, ``weights`` or ``unknown``."""
+    if "state_dict" in ckpt and "pytorch-lightning_version" in ckpt:
+        return "lightning"
+    if all(k in ckpt for k in MINIMIND_KEYS):
+        return "minimind_resume"
+    if ckpt and all(isinstance(v, torch.Tensor) for v in ckpt.values()):
+        return "weights"
+    return "unknown"
+
+
+def corrected_step(step: int, saved_world_size: int, current_world_size: int) -> int:
+    """MiniMind's world-size step correction: ``step * saved // current``."""
+    return step * saved_world_size // current_world_size
+
+
+def load_resume_checkpoint(
+    save_dir: str | os.PathLike,
+    weight: str,
+    hidden_size: int,
+    use_moe: bool = False,
+    map_location: str | torch.device = "cpu",
+    world_size: int | None = None,
+) -> dict[str, Any] | None:
+    """Read ``{save_dir}/{weight}_{hidden}{_moe}_resume.pth`` (``None`` when absent).
+
+    As MiniMind's ``lm_checkpoint``, ``step`` is corrected when the saved world size
+    differs from the current one (``world_size``, default: the process group's).
+    """
+    _, resume_path = checkpoint_paths(save_dir, weight, hidden_size, use_moe)
+    if not resume_path.exists():
+        return None
+    ckpt = read_checkpoint(resume_path, map_location)
+    if checkpoint_kind(ckpt) != "minimind_resume":
+        raise CheckpointError(f"{resume_path}: not a MiniMind resume checkpoint (missing {', '.join(k for k in MINIMIND_KEYS if k not in ckpt)})")
+    saved = int(ckpt.get("world_size") or 1)
+    current = current_world_size() if world_size is None else world_size
+    if saved != current:
+        new_step = corrected_step(int(ckpt["step"]), saved, current)
+        log.warning(f"world size changed ({saved}→{current}): step {ckpt['step']} → {new_step}")
+        ckpt["step"] = new_step
+    return ckpt

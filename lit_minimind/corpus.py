@@ -1,0 +1,112 @@
+"""A small built-in text corpus: the documentation shipped with every Python.
+
+``pydoc_data.topics.topics`` holds the language-reference pages used by
+``help()`` (79 topics, ~465k characters on CPython 3.11). It needs no download,
+which makes it a convenient corpus for training the default tokenizer and for
+smoke-test pretraining runs. Its exact content depends on the Python version,
+so everything derived from it is cached under a hash of the text itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from pydoc_data.topics import topics
+
+CORPUS_FORMAT_VERSION = 1
+DEFAULT_CHUNK_CHARS = 600
+
+
+def embedded_texts(chunk_chars: int = DEFAULT_CHUNK_CHARS) -> list[str]:
+    """Return the pydoc topics, sorted by key, cut into chunks of <= ``chunk_chars``.
+
+    Chunks are built from whole paragraphs (separated by blank lines). A
+    paragraph longer than ``chunk_chars`` is split on line boundaries, and a
+    single over-long line is hard-split, so no chunk ever exceeds the limit.
+    """
+    if chunk_chars < 1:
+        raise ValueError(f"chunk_chars must be >= 1, got {chunk_chars}")
+    chunks: list[str] = []
+    for key in sorted(topics):
+        paragraphs = [p.strip("\n") for p in topics[key].split("\n\n")]
+        pieces = [
+            piece
+            for p in paragraphs
+            if p.strip()
+            for piece in _split_long(p, chunk_chars)
+        ]
+        chunks.extend(_pack(pieces, chunk_chars, sep="\n\n"))
+    return chunks
+
+
+def corpus_fingerprint(texts: list[str]) -> str:
+    """Stable hex digest of a list of texts (used as a cache key)."""
+    payload = json.dumps([CORPUS_FORMAT_VERSION, texts], ensure_ascii=False)
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+
+def write_embedded_corpus(
+    cache_dir: str | os.PathLike[str], chunk_chars: int = DEFAULT_CHUNK_CHARS
+) -> Path:
+    """Write :func:`embedded_texts` as MiniMind pretrain jsonl and return its path.
+
+    One ``{"text": ...}`` object per line. The file name contains a hash of the
+    content, so an existing file is reused as is; it is written to a temporary
+    file and renamed into place, so readers never see a partial file.
+    """
+    texts = embedded_texts(chunk_chars)
+    cache_dir = Path(cache_dir)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    path = cache_dir / f"corpus-{corpus_fingerprint(texts)[:16]}.jsonl"
+    if path.is_file():
+        return path
+    body = "".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts)
+    atomic_write_text(path, body)
+    return path
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` via a temporary file and ``os.replace``."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; the cache may be shared
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _split_long(paragraph: str, limit: int) -> list[str]:
+    """Split a paragraph into pieces of <= ``limit`` chars, preferring line breaks."""
+    if len(paragraph) <= limit:
+        return [paragraph]
+    lines: list[str] = []
+    for line in paragraph.split("\n"):
+        lines.extend(line[i : i + limit] for i in range(0, max(len(line), 1), limit))
+    return _pack(lines, limit, sep="\n")
+
+
+def _pack(pieces: list[str], limit: int, sep: str) -> list[str]:
+    """Greedily join consecutive pieces with ``sep`` while staying <= ``limit``."""
+    out: list[str] = []
+    current: list[str] = []
+    size = 0
+    for piece in pieces:
+        added = len(piece) + (len(sep) if current else 0)
+        if current and size + added > limit:
+            out.append(sep.join(current))
+            current, size = [], 0
+            added = len(piece)
+        current.append(piece)
+        size += added
+    if current:
+        out.append(sep.join(current))
+    return out

@@ -1,0 +1,97 @@
+"""The LightningDataModule: MiniMind's jsonl + tokenizer, MiniMind's per-epoch order, resumable batches."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import lightning as L
+from torch.utils.data import DataLoader
+
+from lit_minimind.sampler import EpochShardSampler, ResumableBatchSampler
+
+
+class MiniMindDataModule(L.LightningDataModule):
+    """Pretraining data as MiniMind reads it.
+
+    Args:
+        data_path: MiniMind pretrain jsonl (one ``{"text": ...}`` per line). Default: a corpus
+            built at run time from the documentation every Python ships (``pydoc_data``).
+        tokenizer_path: directory holding ``tokenizer.json`` (e.g. MiniMind's ``model/``).
+            Default: a byte-level BPE (vocab 6400) trained on the embedded corpus, cached.
+        max_seq_len: tokens per sample, bos and eos included (MiniMind's ``max_seq_len``).
+        batch_size: samples per batch and per process.
+        num_workers: DataLoader worker processes.
+        cache_dir: where the embedded corpus and tokenizer are cached
+            (default ``$LIT_MINIMIND_CACHE`` or ``~/.cache/lit_minimind``).
+    """
+
+    def __init__(
+        self,
+        data_path: str | None = None,
+        tokenizer_path: str | None = None,
+        max_seq_len: int = 340,
+        batch_size: int = 32,
+        num_workers: int = 0,
+        cache_dir: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.data_path = data_path
+        self.tokenizer_path = tokenizer_path
+        self.max_seq_len = max_seq_len
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.cache_dir = cache_dir
+        self.train_dataset = None
+        self.tokenizer = None
+        self._resume: tuple[int, int] | None = None
+
+    def resolved_paths(self) -> tuple[Path, Path]:
+        """``(data_path, tokenizer_dir)``, building the embedded defaults when unset."""
+        from lit_minimind.corpus import write_embedded_corpus
+        from lit_minimind.tokenizer import build_default_tokenizer, default_cache_dir
+
+        cache = Path(self.cache_dir) if self.cache_dir else default_cache_dir()
+        data = Path(self.data_path) if self.data_path else write_embedded_corpus(cache)
+        tok = Path(self.tokenizer_path) if self.tokenizer_path else build_default_tokenizer(cache)
+        return data, tok
+
+    def prepare_data(self) -> None:
+        self.resolved_paths()  # builds/caches the embedded corpus and tokenizer once, on rank 0
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_dataset is not None:
+            return
+        from lit_minimind.dataset import PretrainDataset
+        from lit_minimind.tokenizer import load_tokenizer
+
+        data, tok = self.resolved_paths()
+        self.tokenizer = load_tokenizer(tok)
+        self.train_dataset = PretrainDataset(data, self.tokenizer, max_length=self.max_seq_len)
+
+    def batches_per_epoch(self, world_size: int = 1) -> int:
+        """MiniMind's ``iters`` on each rank: ``ceil(ceil(N / world_size) / batch_size)``."""
+        assert self.train_dataset is not None, "call setup() first"
+        return math.ceil(math.ceil(len(self.train_dataset) / world_size) / self.batch_size)
+
+    def resume_at(self, epoch: int, step: int) -> None:
+        """Make the next train loader skip (at index level) the first ``step`` batches of ``epoch``."""
+        self._resume = (epoch, step)
+
+    def train_dataloader(self) -> DataLoader:
+        assert self.train_dataset is not None
+        trainer = self.trainer
+        rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        sampler = EpochShardSampler(len(self.train_dataset), rank=rank, world_size=world)
+        batch_sampler = ResumableBatchSampler(sampler, self.batch_size)
+        if self._resume is not None:
+            batch_sampler.resume_at(*self._resume)
+            self._resume = None
+        return DataLoader(
+            self.train_dataset,
+            batch_sampler=batch_sampler,
+            num_workers=self.num_workers,
+            persistent_workers=False,
+            pin_memory=trainer is not None and trainer.accelerator.__class__.__name__ == "CUDAAccelerator",
+        )

@@ -1,0 +1,105 @@
+"""``python -m lit_minimind.fit``: MiniMind pretraining on LightningCLI.
+
+With no arguments it trains a small model on the embedded corpus on CPU. Every flag is
+LightningCLI's (``--model.*``, ``--data.*``, ``--trainer.*``, ``--config``) plus
+``--resume.*`` (:class:`callbacks.ResumeCallback`), ``--log_interval`` and ``--ckpt_path``
+(``last``, a Lightning ``.ckpt`` or a MiniMind ``_resume.pth``). Run with ``--help``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.utilities import rank_zero_warn
+
+from callbacks import MiniMindConsole, ResumeCallback, resolve_last
+from lit_minimind.checkpoint import CheckpointError, checkpoint_stem
+from lit_minimind.datamodule import MiniMindDataModule
+from lit_minimind.errors import DataError
+from lit_minimind.module import LitMiniMind
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "conf" / "default.yaml"
+
+
+class MiniMindCLI(LightningCLI):
+    """LightningCLI with the resume callback, MiniMind's console line and ``--ckpt_path``."""
+
+    def add_arguments_to_parser(self, parser: Any) -> None:
+        parser.add_lightning_class_args(ResumeCallback, "resume")
+        parser.add_lightning_class_args(MiniMindConsole, "console")
+        parser.add_argument("--log_interval", type=int, default=100, help="print MiniMind's console line every N batches")
+        parser.link_arguments("log_interval", "console.log_interval")
+        parser.add_argument(
+            "--ckpt_path",
+            type=str | None,
+            default=None,
+            help="resume from: 'last' (newest valid checkpoint in --resume.ckpt_dir; starts fresh if none), "
+            "a Lightning .ckpt, or a MiniMind *_resume.pth (ours or original MiniMind's)",
+        )
+
+
+def resolve_ckpt_path(ckpt_path: str | None, resume: ResumeCallback, model: LitMiniMind) -> str | None:
+    """Turn ``last`` into a file (or ``None`` with a warning); check that a given file exists."""
+    if not ckpt_path:
+        return None
+    if ckpt_path == "last":
+        stem = checkpoint_stem(resume.weight, model.config.hidden_size, model.config.use_moe)
+        found = resolve_last(resume.ckpt_dir, stem)
+        if found is None:
+            rank_zero_warn(f"--ckpt_path last: no checkpoint for {stem} in {resume.ckpt_dir}/ yet; starting fresh")
+            return None
+        return str(found)
+    if not Path(ckpt_path).is_file():
+        raise CheckpointError(f"{ckpt_path}: no such checkpoint file (--ckpt_path)")
+    return ckpt_path
+
+
+def summary(cli: MiniMindCLI, resume: ResumeCallback, console: MiniMindConsole) -> str:
+    trainer = cli.trainer
+    tokens_per_s = console.tokens / console.train_seconds if console.train_seconds else 0.0
+    lines = [
+        "",
+        "== lit-minimind summary ==",
+        f"global steps: {trainer.global_step} (optimizer), batches this run: {console.batches}, epochs: {trainer.current_epoch}",
+        f"loss: first {console.first_loss:.4f} -> last {console.last_loss:.4f}" if console.first_loss is not None else "loss: -",
+        f"throughput: {tokens_per_s:,.0f} tokens/s over {console.train_seconds:.1f} s",
+        f"fp16 weights: {resume.saved_files[0] if resume.saved_files else '-'}",
+        f"resume checkpoints: {resume.ckpt_dir}/ (resume with --ckpt_path last)",
+        f"logs: {trainer.log_dir}",
+    ]
+    return "\n".join(lines)
+
+
+def main(args: list[str] | None = None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    argv = sys.argv[1:] if args is None else args
+    if not argv and DEFAULT_CONFIG.exists():
+        argv = ["--config", str(DEFAULT_CONFIG)]
+    try:
+        cli = MiniMindCLI(
+            LitMiniMind,
+            MiniMindDataModule,
+            run=False,
+            args=argv,
+            seed_everything_default=42,
+            save_config_kwargs={"overwrite": True},
+            trainer_defaults={"use_distributed_sampler": False},
+        )
+        resume = next(cb for cb in cli.trainer.callbacks if isinstance(cb, ResumeCallback))
+        console = next(cb for cb in cli.trainer.callbacks if isinstance(cb, MiniMindConsole))
+        ckpt_path = resolve_ckpt_path(cli.config.get("ckpt_path"), resume, cli.model)
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
+    except (CheckpointError, DataError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if cli.trainer.is_global_zero:
+        print(summary(cli, resume, console), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""MiniMind's causal LM as a LightningModule: MiniMind's loss, optimizer and LR rule."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import lightning as L
+import torch
+from torchmetrics.aggregation import MeanMetric
+
+from lit_minimind.model import MiniMindConfig, MiniMindForCausalLM
+
+
+def minimind_lr(step: int, total_steps: int, learning_rate: float, warmup_steps: int = 0) -> float:
+    """MiniMind's cosine rule ``lr * (0.1 + 0.45 * (1 + cos(pi * t / T)))``.
+
+    ``t`` is the 1-based micro-batch index ``epoch * iters + step``, ``T = epochs * iters``.
+    With ``warmup_steps > 0`` (not MiniMind's default) the first micro-batches ramp linearly.
+    """
+    lr = learning_rate * (0.1 + 0.45 * (1 + math.cos(math.pi * step / total_steps)))
+    if warmup_steps > 0 and step < warmup_steps:
+        lr *= step / warmup_steps
+    return lr
+
+
+class LitMiniMind(L.LightningModule):
+    """Pretraining MiniMind: loss = CE + MoE aux loss, AdamW, LR set per micro-batch as MiniMind does.
+
+    Args:
+        hidden_size, num_hidden_layers, use_moe, num_attention_heads, num_key_value_heads,
+        vocab_size, num_experts, num_experts_per_tok, dropout: :class:`MiniMindConfig` fields.
+        learning_rate: peak LR of MiniMind's cosine rule.
+        warmup_steps: linear warmup in micro-batches (0 = MiniMind).
+        weight_decay: AdamW weight decay (torch's default 0.01, as MiniMind).
+    """
+
+    def __init__(
+        self,
+        hidden_size: int = 768,
+        num_hidden_layers: int = 8,
+        use_moe: bool = False,
+        num_attention_heads: int = 8,
+        num_key_value_heads: int = 4,
+        vocab_size: int = 6400,
+        num_experts: int = 4,
+        num_experts_per_tok: int = 1,
+        dropout: float = 0.0,
+        learning_rate: float = 5e-4,
+        warmup_steps: int = 0,
+        weight_decay: float = 0.01,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.config = MiniMindConfig(
+            hidden_size=hidden_size,
+            num_hidden_layers=num_hidden_layers,
+            use_moe=use_moe,
+            num_attention_heads=num_attention_heads,
+            num_key_value_heads=num_key_value_heads,
+            vocab_size=vocab_size,
+            num_experts=num_experts,
+            num_experts_per_tok=num_experts_per_tok,
+            dropout=dropout,
+        )
+        self.model = MiniMindForCausalLM(self.config)
+        self.mean_loss = MeanMetric()
+        self.last_stats: dict[str, torch.Tensor] = {}
+        self._tokens_seen = 0
+        self._window_start = time.perf_counter()
+
+    # ----------------------------------------------------------------- schedule
+    def total_lr_steps(self) -> int:
+        """``T`` of the LR rule: epochs x batches per epoch (micro-batches), or max_steps x accumulation."""
+        trainer = self.trainer
+        iters = int(trainer.num_training_batches)
+        total = (trainer.max_epochs or 1) * iters if trainer.max_epochs and trainer.max_epochs > 0 else math.inf
+        if trainer.max_steps and trainer.max_steps > 0:
+            total = min(total, trainer.max_steps * trainer.accumulate_grad_batches)
+        return max(1, int(total))
+
+    def lr_at(self, epoch: int, step: int) -> float:
+        """LR for the ``step``-th (1-based) micro-batch of ``epoch``."""
+        iters = int(self.trainer.num_training_batches)
+        return minimind_lr(epoch * iters + step, self.total_lr_steps(), self.hparams.learning_rate, self.hparams.warmup_steps)
+
+    # ----------------------------------------------------------------- training
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None):
+        return self.model(input_ids, labels=labels)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        input_ids, labels = batch
+        lr = self.lr_at(self.current_epoch, batch_idx + 1)
+        for group in self.optimizers().param_groups:
+            group["lr"] = lr
+        out = self.model(input_ids, labels=labels)
+        loss = out.loss + out.aux_loss
+        self.last_stats = {"loss": loss.detach(), "logits_loss": out.loss.detach(), "aux_loss": out.aux_loss.detach(), "lr": lr}
+        self.mean_loss.update(loss.detach())
+        now = time.perf_counter()
+        tokens = int((labels != -100).sum()) * self.trainer.world_size
+        tokens_per_s = tokens / max(now - self._window_start, 1e-9)
+        self._window_start = now
+        self.log_dict(
+            {
+                "loss": loss.detach(),
+                "logits_loss": out.loss.detach(),
+                "aux_loss": out.aux_loss.detach(),
+                "learning_rate": lr,
+                "tokens_per_s": tokens_per_s,
+                "perplexity": torch.exp(out.loss.detach()),
+            },
+            on_step=True,
+            prog_bar=False,
+        )
+        self.log("mean_loss", self.mean_loss, on_step=False, on_epoch=True, prog_bar=True)
+        self.log("loss_step", loss.detach(), prog_bar=True, logger=False)
+        return loss
+
+    def on_train_epoch_start(self) -> None:
+        self._window_start = time.perf_counter()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.model.parameters(), lr=self.hparams.learning_rate, weight_decay=self.hparams.weight_decay)
+
+    # ----------------------------------------------------------------- checkpoints
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["model_config"] = self.config.to_dict()
