@@ -49,11 +49,12 @@ class MiniMindConsole(Callback):
             self._epoch_start = (time.perf_counter(), batch_idx)
         self.batches += 1
         self.tokens += int(batch[1].numel()) * trainer.world_size
+        stats = pl_module.last_stats
+        if self.first_loss is None:
+            self.first_loss = float(stats["loss"])
         if not (step % self.log_interval == 0 or step == iters):
             return
-        stats = pl_module.last_stats
         loss, aux = float(stats["loss"]), float(stats["aux_loss"])
-        self.first_loss = loss if self.first_loss is None else self.first_loss
         self.last_loss = loss
         if not trainer.is_global_zero:
             return

@@ -143,7 +143,9 @@ class ResumeCallback(Checkpoint):
             datamodule.resume_at(epoch, step)
             rank_zero_info(f"resuming epoch {epoch + 1} at step {step + 1}/{iters}: skipping {step} trained batches")
         else:
-            rank_zero_info(f"resuming at the start of epoch {epoch + 1 + (step >= iters)}")
+            next_epoch = epoch + 1 if step >= iters else epoch
+            datamodule.resume_at(next_epoch, 0)
+            rank_zero_info(f"resuming at the start of epoch {next_epoch + 1}")
         self.wandb_id = state.get("wandb_id")
         self.resumed_from = {"epoch": epoch, "step": step, "saved_step": saved_step, "world_size": saved_world,
                              "global_step": global_step, "source": state.get("source_format", "lightning")}
@@ -197,7 +199,7 @@ class ResumeCallback(Checkpoint):
             "format": FORMAT_VERSION,
         }
         lightning_path = self.lightning_path(pl_module, epoch, step, trainer.global_step)
-        trainer.save_checkpoint(lightning_path)  # collective; rank 0 writes through SafeCheckpointIO
+        trainer.save_checkpoint(lightning_path, weights_only=False)  # collective; rank 0 writes through SafeCheckpointIO
         if trainer.is_global_zero:
             self._save_minimind_files(trainer, pl_module)
             self.prune(pl_module)

@@ -92,6 +92,25 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+_saves_in_process = 0
+
+
+def _test_pause_in_save(tmp: Path) -> None:
+    """Test-only: with ``LIT_MINIMIND_TEST_STOP_IN_SAVE=N`` the N-th write of this process stops
+    itself (SIGSTOP) with its tmp file complete but not yet in place, so a test can SIGKILL it
+    inside the save window deterministically. Does nothing otherwise."""
+    global _saves_in_process
+    target = os.environ.get("LIT_MINIMIND_TEST_STOP_IN_SAVE")
+    if not target:
+        return
+    _saves_in_process += 1
+    if _saves_in_process == int(target):
+        import signal
+
+        print(f"@@stopped-in-save {tmp}", flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+
 def atomic_save(obj: Any, path: str | os.PathLike, meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """``torch.save`` to ``path`` atomically and record a manifest beside it.
 
@@ -108,6 +127,7 @@ def atomic_save(obj: Any, path: str | os.PathLike, meta: Mapping[str, Any] | Non
             torch.save(obj, writer)
             f.flush()
             os.fsync(f.fileno())
+        _test_pause_in_save(tmp)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -147,7 +167,7 @@ def library_versions() -> dict[str, str]:
 
     from lit_minimind import __version__
 
-    return {"lit_minimind": __version__, "torch": torch.__version__, "lightning": lightning.__version__, "python": platform.python_version()}
+    return {"lit_minimind": str(__version__), "torch": str(torch.__version__), "lightning": str(lightning.__version__), "python": platform.python_version()}
 
 
 def save_resume_checkpoint(

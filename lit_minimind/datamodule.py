@@ -85,7 +85,11 @@ class MiniMindDataModule(L.LightningDataModule):
         rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
         sampler = EpochShardSampler(len(self.train_dataset), rank=rank, world_size=world)
         batch_sampler = ResumableBatchSampler(sampler, self.batch_size)
+        # Lightning creates the first iterator before it calls set_epoch, and worker processes
+        # start drawing indices right then: the sampler must know its epoch already.
+        sampler.set_epoch(trainer.current_epoch if trainer is not None else 0)
         if self._resume is not None:
+            sampler.set_epoch(self._resume[0])
             batch_sampler.resume_at(*self._resume)
             self._resume = None
         return DataLoader(

@@ -106,9 +106,10 @@ class ResumableBatchSampler(BatchSampler):
         self._resume = (epoch, step)
 
     def __iter__(self) -> Iterator[list[int]]:
+        # a generator: epoch and skip are read at the first ``next()``, after ``set_epoch``
         skip = 0
         epoch = getattr(self.sampler, "epoch", 0)
         if self._resume is not None and self._resume[0] == epoch:
             skip = self._resume[1]
             self._resume = None
-        return iter(SkipBatchSampler(self.sampler, self.batch_size, skip))
+        yield from SkipBatchSampler(self.sampler, self.batch_size, skip)

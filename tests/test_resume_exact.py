@@ -1,0 +1,82 @@
+"""Kill-anywhere: a run SIGKILLed again and again and resumed with ``--ckpt_path last``
+ends bit-identical to the same run never interrupted (weights and per-step losses)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import cli_env, need_shared, run_cli, tiny_args
+
+SCENARIOS = {
+    # name: (extra CLI args, moe)
+    "accumulate": ([], False),
+    "moe": ([], True),
+    "workers": (["--data.num_workers", "2"], False),
+    "fp16_scaler": (["--trainer.plugins", "lit_minimind.precision.CPUFloat16Mixed"], False),
+}
+
+
+def final_state(run_dir: Path, moe: bool) -> tuple[dict, dict]:
+    stem = f"pretrain_64{'_moe' if moe else ''}"
+    weights = torch.load(run_dir / "out" / f"{stem}.pth", weights_only=True)
+    resume = torch.load(run_dir / "checkpoints" / f"{stem}_resume.pth", weights_only=True)
+    return weights, resume
+
+
+def assert_same_tensors(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), f"tensor {k} differs"
+
+
+def run_until_done(run_dir: Path, args: list[str], rng: random.Random, kills: int, total_lines: int) -> list:
+    """SIGKILL ``kills`` times (after a random console line, or inside a random save), then finish."""
+    runs = []
+    for i in range(kills):
+        if rng.random() < 0.5:
+            run = run_cli(run_dir, args + ["--ckpt_path", "last"], kill_after_lines=rng.randint(1, total_lines - 1))
+        else:
+            env = cli_env(LIT_MINIMIND_TEST_STOP_IN_SAVE=str(rng.randint(1, 6)))
+            run = run_cli(run_dir, args + ["--ckpt_path", "last"], env=env)
+        runs.append(run)
+        if run.returncode == 0:  # finished before the planned kill point
+            return runs
+        assert run.returncode == -9, run.stderr[-3000:]
+    final = run_cli(run_dir, args + ["--ckpt_path", "last"])
+    assert final.returncode == 0, final.stderr[-3000:]
+    runs.append(final)
+    return runs
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_kill_anywhere_resume_is_bit_identical(tmp_path: Path, name: str) -> None:
+    need_shared()
+    extra, moe = SCENARIOS[name]
+    args = tiny_args(*extra, epochs=2, accumulate=2, save_interval=5, moe=moe)
+    ref_dir, kill_dir = tmp_path / "ref", tmp_path / "killed"
+    ref_dir.mkdir(), kill_dir.mkdir()
+    ref = run_cli(ref_dir, args)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    assert len(ref.steps) == 24  # 2 epochs x 12 batches
+
+    rng = random.Random(f"kill-{name}")
+    runs = run_until_done(kill_dir, args, rng, kills=3, total_lines=24)
+    assert len(runs) >= 2, "no kill happened"
+    seen: dict = {}
+    for run in runs:
+        for key, values in run.steps.items():
+            assert values == ref.steps[key], f"step {key}: {values} != uninterrupted {ref.steps[key]}"
+            seen[key] = values
+    assert seen.keys() == ref.steps.keys(), "some steps were never trained"
+
+    ref_weights, ref_resume = final_state(ref_dir, moe)
+    weights, resume = final_state(kill_dir, moe)
+    assert_same_tensors(weights, ref_weights)
+    assert_same_tensors(resume["lit_minimind"]["model_fp32"], ref_resume["lit_minimind"]["model_fp32"])
+    if name == "fp16_scaler":
+        assert resume["scaler"]["scale"] == ref_resume["scaler"]["scale"]
+        assert ref_resume["scaler"]["_growth_tracker"] == resume["scaler"]["_growth_tracker"]
