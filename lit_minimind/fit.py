@@ -58,7 +58,7 @@ def resolve_ckpt_path(ckpt_path: str | None, resume: ResumeCallback, model: LitM
     return ckpt_path
 
 
-def summary(cli: MiniMindCLI, resume: ResumeCallback, console: MiniMindConsole) -> str:
+def summary(cli: MiniMindCLI, resume: ResumeCallback, console: MiniMindConsole, log_dir: str | None) -> str:
     trainer = cli.trainer
     tokens_per_s = console.tokens / console.train_seconds if console.train_seconds else 0.0
     lines = [
@@ -69,7 +69,7 @@ def summary(cli: MiniMindCLI, resume: ResumeCallback, console: MiniMindConsole) 
         f"throughput: {tokens_per_s:,.0f} tokens/s over {console.train_seconds:.1f} s",
         f"fp16 weights: {resume.saved_files[0] if resume.saved_files else '-'}",
         f"resume checkpoints: {resume.ckpt_dir}/ (resume with --ckpt_path last)",
-        f"logs: {trainer.log_dir}",
+        f"logs: {log_dir}",
     ]
     return "\n".join(lines)
 
@@ -87,7 +87,7 @@ def main(args: list[str] | None = None) -> int:
             args=argv,
             seed_everything_default=42,
             save_config_kwargs={"overwrite": True},
-            trainer_defaults={"use_distributed_sampler": False},
+            trainer_defaults={"use_distributed_sampler": False, "log_every_n_steps": 1},
         )
         resume = next(cb for cb in cli.trainer.callbacks if isinstance(cb, ResumeCallback))
         console = next(cb for cb in cli.trainer.callbacks if isinstance(cb, MiniMindConsole))
@@ -96,8 +96,9 @@ def main(args: list[str] | None = None) -> int:
     except (CheckpointError, DataError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    log_dir = cli.trainer.log_dir  # a collective under DDP: every rank asks
     if cli.trainer.is_global_zero:
-        print(summary(cli, resume, console), flush=True)
+        print(summary(cli, resume, console, log_dir), flush=True)
     return 0
 
 

@@ -28,16 +28,18 @@ def need_shared() -> None:
         pytest.skip(f"reference data not found at {MINIMIND} (../shared is absent)")
 
 
-def tiny_args(*extra: str, epochs: int = 1, accumulate: int = 2, save_interval: int = 5, moe: bool = False) -> list[str]:
+def tiny_args(*extra: str, epochs: int = 1, accumulate: int = 2, save_interval: int = 5, moe: bool = False,
+              devices: int = 1) -> list[str]:
     """MiniMind's original_run config (runs.json argv) as our CLI flags."""
     return [
         "--data.data_path", str(TINY_JSONL), "--data.tokenizer_path", str(TOKENIZER),
         "--model.hidden_size", "64", "--model.num_hidden_layers", "2", f"--model.use_moe={str(moe).lower()}",
         "--data.max_seq_len", "64", "--data.batch_size", "4", "--model.learning_rate", "5e-4",
         "--trainer.accumulate_grad_batches", str(accumulate), "--trainer.gradient_clip_val", "1.0",
-        "--trainer.max_epochs", str(epochs), "--trainer.accelerator", "cpu", "--trainer.devices", "1",
+        "--trainer.max_epochs", str(epochs), "--trainer.accelerator", "cpu", "--trainer.devices", str(devices),
         "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
-        "--log_interval", "1", "--resume.save_interval", str(save_interval), *extra,
+        "--log_interval", "1", "--resume.save_interval", str(save_interval),
+        *(["--trainer.strategy", "ddp"] if devices > 1 else []), *extra,
     ]
 
 
@@ -68,8 +70,9 @@ def run_cli(cwd: Path, args: list[str], *, kill_after_lines: int | None = None, 
     ``kill_after_lines=k`` sends SIGKILL right after the k-th MiniMind console line is read;
     a process that stops itself inside a save (test hook) is SIGKILLed there.
     """
+    # own session: a kill takes the whole process group (DDP ranks included), as a preemption does
     proc = subprocess.Popen([sys.executable, "-m", "lit_minimind.fit", *args], cwd=cwd, env=env or cli_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     out: list[str] = []
     seen = 0
     assert proc.stdout is not None
@@ -78,12 +81,12 @@ def run_cli(cwd: Path, args: list[str], *, kill_after_lines: int | None = None, 
         if LINE_RE.search(line):
             seen += 1
         if line.startswith("@@stopped-in-save") or (kill_after_lines is not None and seen >= kill_after_lines):
-            proc.send_signal(signal.SIGKILL)
+            os.killpg(proc.pid, signal.SIGKILL)
             break
     try:
         rest, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        os.killpg(proc.pid, signal.SIGKILL)
         rest, err = proc.communicate()
     stdout = "".join(out) + (rest or "")
     return Run(proc.returncode, stdout, err, LINE_RE.findall(stdout))

@@ -1,0 +1,51 @@
+"""DDP on CPU (gloo, 2 processes): smoke run, kill + exact resume on 2, and resume on 1 (world-size correction)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from conftest import cli_env, need_shared, run_cli, tiny_args
+
+
+
+def load_out(run_dir: Path) -> dict:
+    return torch.load(run_dir / "out" / "pretrain_64.pth", weights_only=True)
+
+
+def test_ddp_killed_and_resumed_on_two_and_on_one(tmp_path: Path) -> None:
+    need_shared()
+    ddp = tiny_args(epochs=2, accumulate=2, save_interval=5, devices=2)
+    single_args = tiny_args(epochs=2, accumulate=2, save_interval=5, devices=1)
+    ref_dir, killed_dir = tmp_path / "ref", tmp_path / "killed"
+    ref_dir.mkdir(), killed_dir.mkdir()
+
+    ref = run_cli(ref_dir, ddp)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    assert len(ref.steps) == 12  # 2 epochs x 6 batches per rank
+
+    # killed (whole process group) during epoch 2: resumes from epoch 1's end or epoch 2's step 5
+    killed = run_cli(killed_dir, ddp + ["--ckpt_path", "last"], kill_after_lines=9)
+    assert killed.returncode == -9
+    resumed = run_cli(killed_dir, ddp + ["--ckpt_path", "last"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    for key, values in resumed.steps.items():
+        assert values == ref.steps[key], f"step {key} differs after DDP resume"
+    assert all(torch.equal(a, b) for a, b in zip(load_out(ref_dir).values(), load_out(killed_dir).values()))
+
+    # the same 2-process checkpoint (epoch 1, step 5 of 6) resumed on a single process
+    one_dir = tmp_path / "one"
+    one_dir.mkdir()
+    # SIGKILLed inside the 4th file write: the step-5 save (3 files) is complete, the epoch-end one is not
+    half = run_cli(one_dir, ddp + ["--ckpt_path", "last"], env=cli_env(LIT_MINIMIND_TEST_STOP_IN_SAVE="4"))
+    assert half.returncode == -9
+    ckpts = sorted((one_dir / "checkpoints").glob("*.ckpt"))
+    assert ckpts, "no checkpoint was written before the kill"
+    single = run_cli(one_dir, single_args + ["--ckpt_path", "last"])
+    assert single.returncode == 0, single.stderr[-3000:]
+    assert "world size changed (2→1): step 5 → 10" in single.stderr
+    assert "resuming epoch 1 at step 11/12: skipping 10 trained batches" in single.stderr
+    assert sorted(single.steps) == [(1, 11), (1, 12)] + [(2, s) for s in range(1, 13)]
+    resume = torch.load(one_dir / "checkpoints" / "pretrain_64_resume.pth", weights_only=True)
+    assert resume["world_size"] == 1 and resume["epoch"] == 1 and resume["step"] == 12
