@@ -1,0 +1,98 @@
+"""Training path end to end: LR rule, accumulation boundaries, CLI runs, errors, presets."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import MINIMIND, ROOT, cli_env, need_shared, run_cli, tiny_args
+from lit_minimind.module import minimind_lr
+
+
+def test_lr_rule_matches_formula_and_warmup() -> None:
+    for t, total in [(1, 12), (6, 12), (12, 12), (100, 4000)]:
+        assert minimind_lr(t, total, 5e-4) == 5e-4 * (0.1 + 0.45 * (1 + math.cos(math.pi * t / total)))
+    assert minimind_lr(5, 100, 1e-3, warmup_steps=10) == pytest.approx(0.5 * minimind_lr(5, 100, 1e-3))
+    assert minimind_lr(10, 100, 1e-3, warmup_steps=10) == minimind_lr(10, 100, 1e-3)
+
+
+def test_uninterrupted_tiny_run_has_minimind_lrs_and_boundaries(tmp_path: Path) -> None:
+    need_shared()
+    run = run_cli(tmp_path, tiny_args(epochs=1, accumulate=2, save_interval=5))
+    assert run.returncode == 0, run.stderr[-3000:]
+    expected = json.loads((MINIMIND / "original_run" / "runs.json").read_text())["dense_full"]["steps"]
+    assert [(1, s["step"]) for s in expected] == sorted(run.steps)
+    for s in expected:
+        assert abs(float(run.steps[(1, s["step"])][3]) - s["lr"]) <= 1e-8
+    ckpts = sorted(p.name for p in (tmp_path / "checkpoints").glob("*.ckpt"))
+    assert ckpts == ["pretrain_64_e0_s10_g5.ckpt", "pretrain_64_e0_s12_g6.ckpt"]  # keep_last 2; 12/2 optimizer steps
+
+
+def test_trailing_partial_window_is_flushed_like_minimind(tmp_path: Path) -> None:
+    need_shared()
+    # 48 samples / batch 5 = 10 batches; accumulation 3 -> steps after 3, 6, 9 and the flush at 10
+    args = tiny_args(epochs=2, accumulate=3, save_interval=100) + ["--data.batch_size", "5"]
+    run = run_cli(tmp_path, args)
+    assert run.returncode == 0, run.stderr[-3000:]
+    resume = torch.load(tmp_path / "checkpoints" / "pretrain_64_resume.pth", weights_only=True)
+    assert resume["lit_minimind"]["callback"]["global_step"] == 8
+    assert (resume["epoch"], resume["step"]) == (1, 10)
+
+
+def test_default_cli_trains_embedded_corpus_and_loss_falls(tmp_path: Path) -> None:
+    run = run_cli(tmp_path, [])
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "== lit-minimind summary ==" in run.stdout
+    first = float(run.stdout.split("loss: first ")[1].split()[0])
+    last = float(run.stdout.split("-> last ")[1].split()[0])
+    assert last <= 0.7 * first, (first, last)
+    assert (tmp_path / "out" / "pretrain_128.pth").exists()
+    assert (tmp_path / "checkpoints" / "pretrain_128_resume.pth").exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"text": "ok"}\nnot json\n', "line 2"),
+        ('{"txt": "no text field"}\n', "line 1"),
+        ("", "no records"),
+    ],
+)
+def test_bad_data_fails_before_training_naming_file_and_line(tmp_path: Path, content: str, message: str) -> None:
+    need_shared()
+    data = tmp_path / "bad.jsonl"
+    data.write_text(content)
+    run = run_cli(tmp_path, tiny_args() + ["--data.data_path", str(data)])
+    assert run.returncode == 2
+    assert str(data) in run.stderr and message in run.stderr
+    assert not run.lines and not (tmp_path / "checkpoints").exists()
+
+
+def test_missing_tokenizer_and_checkpoint_are_clear_errors(tmp_path: Path) -> None:
+    need_shared()
+    run = run_cli(tmp_path, tiny_args() + ["--data.tokenizer_path", str(tmp_path)])
+    assert run.returncode == 2 and "tokenizer.json" in run.stderr
+    run = run_cli(tmp_path, tiny_args() + ["--ckpt_path", str(tmp_path / "nope.ckpt")])
+    assert run.returncode == 2 and "nope.ckpt: no such checkpoint file" in run.stderr
+
+
+def test_ckpt_path_last_without_checkpoint_starts_fresh_with_warning(tmp_path: Path) -> None:
+    need_shared()
+    run = run_cli(tmp_path, tiny_args() + ["--ckpt_path", "last"])
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "no checkpoint for pretrain_64 in checkpoints/ yet; starting fresh" in run.stderr
+    assert sorted(run.steps)[0] == (1, 1)
+
+
+@pytest.mark.parametrize("preset", sorted(p.name for p in (ROOT / "conf").glob("*.yaml")))
+def test_presets_parse(preset: str) -> None:
+    result = subprocess.run([sys.executable, "-m", "lit_minimind.fit", "--config", f"conf/{preset}", "--print_config"],
+                            cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "hidden_size" in result.stdout and "save_interval" in result.stdout
