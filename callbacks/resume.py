@@ -28,6 +28,7 @@ from lit_minimind.checkpoint import (
     save_resume_checkpoint,
     unwrap_model,
 )
+from callbacks.preemption import StopRequest
 from lit_minimind.lightning_io import RESUME_STATE_KEY, SafeCheckpointIO, fit_loop_state_at, rng_state, set_rng_state
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,8 @@ class ResumeCallback(Checkpoint):
         self._state: dict[str, Any] = {}
         self._pending_restore: dict[str, Any] | None = None
         self._last_save_time = time.monotonic()
+        self.stop_request = StopRequest()
+        self.stopped_by: str | None = None
 
     @property
     def state_key(self) -> str:
@@ -102,6 +105,14 @@ class ResumeCallback(Checkpoint):
             return False
         due = time.monotonic() - self._last_save_time >= self.save_every_minutes * 60
         return bool(trainer.strategy.broadcast(due, src=0))
+
+    def should_stop(self, trainer: L.Trainer, step: int, iters: int) -> bool:
+        """A stop signal reached any rank and the current optimizer step is complete."""
+        requested = self.stop_request.requested
+        if trainer.world_size > 1:  # every rank must stop at the same step
+            flag = torch.tensor([1.0 if requested else 0.0], device=trainer.strategy.root_device)
+            requested = bool(trainer.strategy.reduce(flag, reduce_op="max").item() > 0)
+        return requested and not self.is_mid_window(trainer, step, iters)
 
     @staticmethod
     def is_mid_window(trainer: L.Trainer, step: int, iters: int) -> bool:
@@ -159,6 +170,7 @@ class ResumeCallback(Checkpoint):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._last_save_time = time.monotonic()
+        self.stop_request.install()
         pending, self._pending_restore = self._pending_restore, None
         if not pending:
             return
@@ -172,8 +184,17 @@ class ResumeCallback(Checkpoint):
     # ------------------------------------------------------------------ hooks: saving
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         step, iters = batch_idx + 1, int(trainer.num_training_batches)
-        if self.should_save(trainer, step, iters):
+        stop = self.should_stop(trainer, step, iters)
+        if stop or self.should_save(trainer, step, iters):
             self.save(trainer, pl_module, trainer.current_epoch, step)
+        if stop:
+            self.stopped_by = self.stop_request.signal_name or "a signal on another rank"
+            trainer.should_stop = True
+            rank_zero_info(f"stopped by {self.stopped_by} after epoch {trainer.current_epoch + 1} step {step}/{iters}; "
+                           "checkpoint saved. Resume with the same command plus --ckpt_path last")
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self.stop_request.uninstall()
 
     def state_dict(self) -> dict[str, Any]:
         return dict(self._state)

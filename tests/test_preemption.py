@@ -1,0 +1,86 @@
+"""Preemption: SIGTERM / SIGINT / SIGUSR1 finish the optimizer step, save, exit 0; resume is exact."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import LINE_RE, Run, cli_env, need_shared, run_cli, tiny_args
+
+
+def run_and_signal(cwd: Path, args: list[str], after_lines: int, signals: list[int], again: int | None = None) -> Run:
+    """Send ``signals`` to the launcher process right after the given console line appears
+    (and ``again`` once the process has reported the first one: pending signals coalesce)."""
+    proc = subprocess.Popen([sys.executable, "-m", "lit_minimind.fit", *args], cwd=cwd, env=cli_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    out, seen, sent = [], 0, False
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        out.append(line)
+        seen += bool(LINE_RE.search(line))
+        if seen >= after_lines and not sent:
+            for sig in signals:
+                os.kill(proc.pid, sig)
+            sent = True
+        if again is not None and "received: finishing" in line:
+            os.kill(proc.pid, again)
+            again = None
+    rest, err = proc.communicate(timeout=300)
+    stdout = "".join(out) + rest
+    return Run(proc.returncode, stdout, err, LINE_RE.findall(stdout))
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT", "SIGUSR1"])
+def test_signal_saves_and_exits_zero_then_resume_is_exact(tmp_path: Path, signame: str) -> None:
+    need_shared()
+    args = tiny_args(epochs=2, accumulate=2, save_interval=100)
+    ref_dir, run_dir = tmp_path / "ref", tmp_path / "run"
+    ref_dir.mkdir(), run_dir.mkdir()
+    ref = run_cli(ref_dir, args)
+    assert ref.returncode == 0
+
+    stopped = run_and_signal(run_dir, args + ["--ckpt_path", "last"], after_lines=3, signals=[getattr(signal, signame)])
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    assert f"{signame} received" in stopped.stdout
+    assert "Resume with the same command plus --ckpt_path last" in stopped.stderr
+    last_step = max(stopped.steps)
+    assert last_step[1] % 2 == 0 and last_step < (2, 12), "must stop at an optimizer-step boundary, mid-run"
+    resume = torch.load(run_dir / "checkpoints" / "pretrain_64_resume.pth", weights_only=True)
+    assert (resume["epoch"] + 1, resume["step"]) == last_step
+    assert resume["lit_minimind"]["callback"]["grads"] is None  # window complete: nothing pending
+
+    resumed = run_cli(run_dir, args + ["--ckpt_path", "last"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert min(resumed.steps) == (last_step[0], last_step[1] + 1)
+    for key, values in {**stopped.steps, **resumed.steps}.items():
+        assert values == ref.steps[key]
+    ref_w = torch.load(ref_dir / "out" / "pretrain_64.pth", weights_only=True)
+    got_w = torch.load(run_dir / "out" / "pretrain_64.pth", weights_only=True)
+    assert all(torch.equal(ref_w[k], got_w[k]) for k in ref_w)
+
+
+def test_second_sigint_aborts_at_once(tmp_path: Path) -> None:
+    need_shared()
+    # a 12-batch accumulation window: the first SIGINT waits for its end, the second cuts it short
+    run = run_and_signal(tmp_path, tiny_args(epochs=2, accumulate=12, save_interval=100), after_lines=1,
+                         signals=[signal.SIGINT], again=signal.SIGINT)
+    assert run.returncode == 130
+    assert "second SIGINT: aborting now" in run.stdout
+
+
+def test_sigterm_under_ddp_stops_all_ranks_at_the_same_step(tmp_path: Path) -> None:
+    need_shared()
+    args = tiny_args(epochs=2, accumulate=2, save_interval=100, devices=2)
+    stopped = run_and_signal(tmp_path, args, after_lines=2, signals=[signal.SIGTERM])  # rank 0 only
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    resume = torch.load(tmp_path / "checkpoints" / "pretrain_64_resume.pth", weights_only=True)
+    assert resume["world_size"] == 2 and resume["step"] % 2 == 0 and (resume["epoch"], resume["step"]) < (1, 6)
+    resumed = run_cli(tmp_path, args + ["--ckpt_path", "last"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert min(resumed.steps) == (resume["epoch"] + 1, resume["step"] + 1)
