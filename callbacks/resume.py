@@ -124,6 +124,7 @@ class ResumeCallback(Checkpoint):
         trainer.strategy.checkpoint_io = SafeCheckpointIO()
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        self.check_compatible(trainer, pl_module, checkpoint)
         state = (checkpoint.get("callbacks") or {}).get(self.state_key)
         if not state:
             return  # a Lightning checkpoint written without us: Lightning restores what it can
@@ -167,6 +168,22 @@ class ResumeCallback(Checkpoint):
         if isinstance(grads, list):  # one dict per rank (DDP)
             grads = grads[trainer.global_rank]
         self._pending_restore = {"rng": state.get("rng"), "grads": grads}
+
+    def check_compatible(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        """Fail before any training when the checkpoint's model or dataset differs from this run's."""
+        problems: list[str] = []  # model shapes are checked earlier, by LitMiniMind.on_load_checkpoint
+        state = (checkpoint.get("callbacks") or {}).get(self.state_key) or {}
+        saved_len, dataset = state.get("dataset_len"), getattr(trainer.datamodule, "train_dataset", None)
+        if saved_len is not None and dataset is not None and saved_len != len(dataset):
+            problems.append(f"dataset length: checkpoint {saved_len} samples, this run {len(dataset)}")
+        if problems:
+            raise CheckpointError("checkpoint does not match this run (resume needs the same model and data):\n  "
+                                  + "\n  ".join(problems))
+        saved_versions, current_versions = state.get("versions") or {}, library_versions()
+        for lib in ("torch", "lightning"):
+            if saved_versions.get(lib) and saved_versions[lib] != current_versions[lib]:
+                rank_zero_warn(f"checkpoint was written with {lib} {saved_versions[lib]}, this run uses "
+                               f"{current_versions[lib]}: resume may not be bit-exact")
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._last_save_time = time.monotonic()
@@ -218,12 +235,21 @@ class ResumeCallback(Checkpoint):
             "grads": grads,
             "iters": iters,
             "format": FORMAT_VERSION,
+            "dataset_len": len(trainer.datamodule.train_dataset) if trainer.datamodule is not None else None,
+            "versions": library_versions(),
         }
         lightning_path = self.lightning_path(pl_module, epoch, step, trainer.global_step)
-        trainer.save_checkpoint(lightning_path, weights_only=False)  # collective; rank 0 writes through SafeCheckpointIO
-        if trainer.is_global_zero:
-            self._save_minimind_files(trainer, pl_module)
-            self.prune(pl_module)
+        try:
+            trainer.save_checkpoint(lightning_path, weights_only=False)  # collective; rank 0 writes via SafeCheckpointIO
+            if trainer.is_global_zero:
+                self._save_minimind_files(trainer, pl_module)
+                self.prune(pl_module)
+        except OSError as err:  # ENOSPC, EFBIG, EACCES, ...: never train on without checkpoints
+            raise CheckpointError(
+                f"could not save the checkpoint at epoch {epoch + 1} step {step}: {err}. Training stopped; "
+                f"the previous checkpoints in {self.ckpt_dir}/ and {self.out_dir}/ are intact "
+                "(free space or fix permissions, then resume with --ckpt_path last)"
+            ) from err
         trainer.strategy.barrier("ResumeCallback.save")
         self._last_save_time = time.monotonic()
 

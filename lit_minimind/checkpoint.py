@@ -68,11 +68,16 @@ class _HashingWriter:
         self._f = f
         self.sha256 = hashlib.sha256()
         self.size = 0
+        self.error: OSError | None = None  # torch's zip writer hides it behind a RuntimeError
 
     def write(self, data: bytes) -> int:
         self.sha256.update(data)
         self.size += len(data)
-        return self._f.write(data)
+        try:
+            return self._f.write(data)
+        except OSError as err:
+            self.error = err
+            raise
 
     def flush(self) -> None:
         self._f.flush()
@@ -123,7 +128,12 @@ def atomic_save(obj: Any, path: str | os.PathLike, meta: Mapping[str, Any] | Non
     try:
         with open(tmp, "wb") as f:
             writer = _HashingWriter(f)
-            torch.save(obj, writer)
+            try:
+                torch.save(obj, writer)
+            except RuntimeError:
+                if writer.error is not None:
+                    raise writer.error from None  # the real cause: ENOSPC, EFBIG, EIO, ...
+                raise
             f.flush()
             os.fsync(f.fileno())
         _test_pause_in_save(tmp)
@@ -316,3 +326,42 @@ def load_resume_checkpoint(
         log.warning(f"world size changed ({saved}→{current}): step {ckpt['step']} → {new_step}")
         ckpt["step"] = new_step
     return ckpt
+
+
+# ----------------------------------------------------------------------------- guards
+
+SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "use_moe",
+                "num_experts", "vocab_size")
+
+
+def shape_config(state_dict: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """The model-shape fields implied by a MiniMind state dict (any key prefix)."""
+    def find(suffix: str) -> torch.Tensor | None:
+        return next((v for k, v in state_dict.items() if k.endswith(suffix)), None)
+
+    embed = find("embed_tokens.weight")
+    if embed is None:
+        return {}
+    head_dim = find("layers.0.self_attn.q_norm.weight").shape[0]
+    layers = {int(k.split("layers.")[1].split(".")[0]) for k in state_dict if "layers." in k}
+    experts = {int(k.split("experts.")[1].split(".")[0]) for k in state_dict if ".mlp.experts." in k and "layers.0." in k}
+    return {
+        "hidden_size": int(embed.shape[1]),
+        "num_hidden_layers": len(layers),
+        "num_attention_heads": int(find("layers.0.self_attn.q_proj.weight").shape[0] // head_dim),
+        "num_key_value_heads": int(find("layers.0.self_attn.k_proj.weight").shape[0] // head_dim),
+        "use_moe": bool(experts),
+        "num_experts": len(experts) if experts else None,
+        "vocab_size": int(embed.shape[0]),
+    }
+
+
+def config_mismatches(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """``field: checkpoint X, this run Y`` for every shape field that differs."""
+    out = []
+    for field in SHAPE_FIELDS:
+        if field == "num_experts" and not (saved.get("use_moe") and current.get("use_moe")):
+            continue
+        if field in saved and field in current and saved[field] != current[field]:
+            out.append(f"{field}: checkpoint {saved[field]}, this run {current[field]}")
+    return out

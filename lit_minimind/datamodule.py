@@ -11,6 +11,20 @@ from torch.utils.data import DataLoader
 from lit_minimind.sampler import EpochShardSampler, ResumableBatchSampler
 
 
+class ResumableDataLoader(DataLoader):
+    """A DataLoader that tells Lightning it is resumable.
+
+    Its position is restored at index level by :class:`callbacks.ResumeCallback` through
+    :meth:`MiniMindDataModule.resume_at`, so there is no iterator state to save.
+    """
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        pass
+
+
 class MiniMindDataModule(L.LightningDataModule):
     """Pretraining data as MiniMind reads it.
 
@@ -92,7 +106,7 @@ class MiniMindDataModule(L.LightningDataModule):
             sampler.set_epoch(self._resume[0])
             batch_sampler.resume_at(*self._resume)
             self._resume = None
-        return DataLoader(
+        return ResumableDataLoader(
             self.train_dataset,
             batch_sampler=batch_sampler,
             num_workers=self.num_workers,

@@ -79,6 +79,8 @@ def main(args: list[str] | None = None) -> int:
     argv = sys.argv[1:] if args is None else args
     if not argv and DEFAULT_CONFIG.exists():
         argv = ["--config", str(DEFAULT_CONFIG)]
+    elif args is None:
+        argv = None  # LightningCLI reads sys.argv itself
     try:
         cli = MiniMindCLI(
             LitMiniMind,

@@ -10,6 +10,7 @@ import lightning as L
 import torch
 from torchmetrics.aggregation import MeanMetric
 
+from lit_minimind.checkpoint import CheckpointError, config_mismatches, shape_config
 from lit_minimind.model import MiniMindConfig, MiniMindForCausalLM
 
 
@@ -127,3 +128,10 @@ class LitMiniMind(L.LightningModule):
     # ----------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["model_config"] = self.config.to_dict()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Refuse, naming every differing field, a checkpoint of another model shape (before loading it)."""
+        problems = config_mismatches(shape_config(checkpoint.get("state_dict", {})), shape_config(self.state_dict()))
+        if problems:
+            raise CheckpointError("checkpoint does not match this run's model (resume needs the same shape):\n  "
+                                  + "\n  ".join(problems))

@@ -1,0 +1,171 @@
+"""Fault injection: kills at random moments (inside saves too), bad files, full disks, hostile pickles, guards."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import resource
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import ROOT, cli_env, need_shared, run_cli, tiny_args
+
+
+def test_ten_seeded_kill_trials_each_end_bit_identical(tmp_path: Path) -> None:
+    """>= 10 trials, each killed once at a random console line or inside a random file write."""
+    need_shared()
+    args = tiny_args(epochs=2, accumulate=2, save_interval=3)
+    ref_dir = tmp_path / "ref"
+    ref_dir.mkdir()
+    ref = run_cli(ref_dir, args)
+    assert ref.returncode == 0
+    ref_out = torch.load(ref_dir / "out" / "pretrain_64.pth", weights_only=True)
+    rng = random.Random(1234)
+    in_save = 0
+    for trial in range(10):
+        run_dir = tmp_path / f"t{trial}"
+        run_dir.mkdir()
+        if trial % 2:
+            env = cli_env(LIT_MINIMIND_TEST_STOP_IN_SAVE=str(rng.randint(1, 20)))
+            killed = run_cli(run_dir, args + ["--ckpt_path", "last"], env=env)
+            in_save += "@@stopped-in-save" in killed.stdout
+        else:
+            killed = run_cli(run_dir, args + ["--ckpt_path", "last"], kill_after_lines=rng.randint(1, 23))
+        assert killed.returncode == -9
+        assert not list(run_dir.glob("checkpoints/*.tmp")) or "@@stopped-in-save" in killed.stdout
+        done = run_cli(run_dir, args + ["--ckpt_path", "last"])
+        assert done.returncode == 0, done.stderr[-3000:]
+        for key, values in {**killed.steps, **done.steps}.items():
+            assert values == ref.steps[key], (trial, key)
+        out = torch.load(run_dir / "out" / "pretrain_64.pth", weights_only=True)
+        assert all(torch.equal(out[k], ref_out[k]) for k in ref_out), f"trial {trial} differs"
+    assert in_save == 5
+
+
+def _partial_run(tmp_path: Path) -> tuple[Path, list[str]]:
+    need_shared()
+    args = tiny_args(epochs=1, accumulate=2, save_interval=3)
+    killed = run_cli(tmp_path, args, kill_after_lines=11)  # saves at 3, 6, 9 exist
+    assert killed.returncode == -9
+    return tmp_path / "checkpoints", args
+
+
+def test_last_falls_back_past_corrupted_and_truncated_checkpoints(tmp_path: Path) -> None:
+    ckpt_dir, args = _partial_run(tmp_path)
+    newest = max(ckpt_dir.glob("*.ckpt"), key=lambda p: int(p.name.split("_s")[1].split("_")[0]))
+    resume_pth = ckpt_dir / "pretrain_64_resume.pth"
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    newest.write_bytes(bytes(data))  # corrupted
+    resume_pth.write_bytes(resume_pth.read_bytes()[:1000])  # truncated
+    run = run_cli(tmp_path, args + ["--ckpt_path", "last"])
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert f"skipping checkpoint checkpoints/{newest.name}: sha256 differs" in run.stderr
+    assert f"skipping checkpoint checkpoints/{resume_pth.name}: size" in run.stderr
+    assert "resuming epoch 1 at step 7/12: skipping 6 trained batches" in run.stderr
+
+
+@pytest.mark.parametrize("kind", ["empty", "truncated", "foreign", "weights_only_export"])
+def test_explicit_bad_checkpoint_is_a_clear_error(tmp_path: Path, kind: str) -> None:
+    need_shared()
+    bad = tmp_path / f"{kind}.pth"
+    if kind == "empty":
+        bad.write_bytes(b"")
+    elif kind == "truncated":
+        good = ROOT.parent / "shared" / "minimind" / "original_run" / "checkpoints__pretrain_64_resume.step5.pth"
+        bad.write_bytes(good.read_bytes()[:4096])
+    elif kind == "foreign":
+        torch.save({"hello": "world"}, bad)
+    else:
+        shutil.copy(ROOT.parent / "shared" / "minimind" / "original_run" / "out__pretrain_64.pth", bad)
+    run = run_cli(tmp_path, tiny_args() + ["--ckpt_path", str(bad)])
+    assert run.returncode == 2
+    assert str(bad) in run.stderr
+    expected = {"empty": "is empty", "truncated": "truncated or corrupted", "foreign": "not a lit-minimind",
+                "weights_only_export": "model weights only"}[kind]
+    assert expected in run.stderr
+    assert not run.lines
+
+
+class _Hostile:
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_hostile_pickle_is_refused_and_never_runs(tmp_path: Path) -> None:
+    need_shared()
+    marker = tmp_path / "pwned"
+    evil = tmp_path / "evil_resume.pth"
+    torch.save({"model": {}, "optimizer": {}, "epoch": 0, "step": 1, "payload": _Hostile(str(marker))}, evil,
+               pickle_protocol=pickle.DEFAULT_PROTOCOL)
+    run = run_cli(tmp_path, tiny_args() + ["--ckpt_path", str(evil)])
+    assert run.returncode == 2
+    assert "refused to load" in run.stderr and str(evil) in run.stderr
+    assert not marker.exists()
+    inspect = subprocess.run([sys.executable, "-m", "lit_minimind.inspect", str(evil)], cwd=tmp_path, env=cli_env(),
+                             capture_output=True, text=True, timeout=120)
+    assert inspect.returncode != 0 and "refused to load" in inspect.stdout + inspect.stderr
+    assert not marker.exists()
+
+
+def test_resume_with_other_model_shape_or_data_fails_naming_fields(tmp_path: Path) -> None:
+    ckpt_dir, args = _partial_run(tmp_path)
+    run = run_cli(tmp_path, args + ["--ckpt_path", str(next(ckpt_dir.glob("*.ckpt"))), "--model.num_hidden_layers", "3",
+                                    "--model.num_key_value_heads", "2"])
+    assert run.returncode == 2
+    assert "num_hidden_layers: checkpoint 2, this run 3" in run.stderr
+    assert "num_key_value_heads: checkpoint 4, this run 2" in run.stderr
+    assert not run.lines
+    shorter = tmp_path / "short.jsonl"
+    shorter.write_text("".join((ROOT.parent / "shared/minimind/original_run/tiny.jsonl").read_text().splitlines(True)[:40]))
+    run = run_cli(tmp_path, args + ["--ckpt_path", "last", "--data.data_path", str(shorter)])
+    assert run.returncode == 2 and "dataset length: checkpoint 48 samples, this run 40" in run.stderr
+
+
+def _limit_file_size() -> None:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (3_000_000, 3_000_000))
+
+
+def test_full_disk_stops_with_clear_error_and_keeps_previous_checkpoint(tmp_path: Path) -> None:
+    need_shared()
+    args = tiny_args(epochs=1, accumulate=2, save_interval=3)
+    proc = subprocess.run([sys.executable, "-m", "lit_minimind.fit", *args], cwd=tmp_path, env=cli_env(),
+                          capture_output=True, text=True, timeout=300, preexec_fn=_limit_file_size)
+    # every checkpoint (> 3 MB) fails: the first save stops the run, non-zero, saying why
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "could not save the checkpoint at epoch 1 step 3" in proc.stderr
+    assert "File too large" in proc.stderr or "No space" in proc.stderr
+    assert "Epoch:[1/1](4/12)" not in proc.stdout  # did not train on
+    assert not list((tmp_path / "checkpoints").glob("*.tmp"))
+
+
+def test_read_only_checkpoint_dir_after_a_good_save_keeps_it(tmp_path: Path) -> None:
+    ckpt_dir, args = _partial_run(tmp_path)
+    before = {p.name: p.read_bytes() for p in ckpt_dir.iterdir()}
+    command = [sys.executable, "-m", "lit_minimind.fit", *args, "--ckpt_path", "last"]
+    if os.geteuid() == 0:  # root ignores permissions: a read-only bind mount in a private mount namespace
+        if shutil.which("unshare") is None:
+            pytest.skip("running as root without unshare(1): cannot make a read-only directory")
+        script = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"'
+        command = ["unshare", "-m", "sh", "-c", script, str(ckpt_dir), *command]
+    else:
+        ckpt_dir.chmod(0o555)
+    try:
+        proc = subprocess.run(command, cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=300)
+    finally:
+        ckpt_dir.chmod(0o755)
+    if "unshare failed" in proc.stderr or "mount:" in proc.stderr:
+        pytest.skip(f"no privilege for a read-only bind mount: {proc.stderr[:200]}")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "could not save the checkpoint" in proc.stderr
+    assert "Read-only file system" in proc.stderr or "Permission denied" in proc.stderr
+    assert {p.name: p.read_bytes() for p in ckpt_dir.iterdir() if p.name in before} == before
