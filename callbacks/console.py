@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -19,7 +20,12 @@ def format_minimind_line(epoch: int, epochs: int, step: int, iters: int, loss: f
 
 
 class MiniMindConsole(Callback):
-    """Prints MiniMind's line on global rank 0 every ``log_interval`` steps and at each epoch's last.
+    """MiniMind's logging: its console line and per-micro-batch metrics for the loggers.
+
+    Prints MiniMind's line on global rank 0 every ``log_interval`` steps and at each epoch's last,
+    and sends every micro-batch's ``loss``, ``logits_loss``, ``aux_loss``, ``learning_rate``,
+    ``epoch_time``, ``tokens_per_s``, ``perplexity`` and ``micro_step`` (the 1-based micro-batch
+    index over the whole run, the same after a resume) to the trainer's loggers.
 
     ``epoch_time`` is MiniMind's estimate of the minutes left in the epoch, measured from the
     epoch's (or the resume's) first batch. Also keeps what the end-of-run summary reports.
@@ -39,6 +45,7 @@ class MiniMindConsole(Callback):
         self.train_seconds = 0.0
         self._epoch_start: tuple[float, int] | None = None
         self._fit_start = 0.0
+        self._last_batch_end = 0.0
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._fit_start = time.perf_counter()
@@ -48,21 +55,38 @@ class MiniMindConsole(Callback):
         if self._epoch_start is None or self._epoch_start[1] > batch_idx:
             self._epoch_start = (time.perf_counter(), batch_idx)
         self.batches += 1
-        self.tokens += int(batch[1].numel()) * trainer.world_size
+        tokens = int(batch[1].numel()) * trainer.world_size
+        self.tokens += tokens
+        now = time.perf_counter()
+        tokens_per_s = tokens / max(now - self._last_batch_end, 1e-9) if self._last_batch_end else 0.0
+        self._last_batch_end = now
         stats = pl_module.last_stats
         if self.first_loss is None:
             self.first_loss = float(stats["loss"])
+        start_time, start_idx = self._epoch_start
+        spent = time.perf_counter() - start_time
+        eta_min = spent / max(batch_idx + 1 - start_idx, 1) * (iters - step) // 60
+        self.log_micro_batch(trainer, stats, epoch_time=eta_min, tokens_per_s=tokens_per_s,
+                             micro_step=trainer.current_epoch * iters + step)
         if not (step % self.log_interval == 0 or step == iters):
             return
         loss, aux = float(stats["loss"]), float(stats["aux_loss"])
         self.last_loss = loss
         if not trainer.is_global_zero:
             return
-        start_time, start_idx = self._epoch_start
-        spent = time.perf_counter() - start_time
-        eta_min = spent / max(batch_idx + 1 - start_idx, 1) * (iters - step) // 60
         print(format_minimind_line(trainer.current_epoch, trainer.max_epochs or 1, step, iters, loss, loss - aux,
                                    aux, float(stats["lr"]), eta_min), flush=True)
+
+    @staticmethod
+    def log_micro_batch(trainer: L.Trainer, stats: dict[str, Any], **extra: float) -> None:
+        if not trainer.loggers or not trainer.is_global_zero:
+            return
+        loss, logits_loss = float(stats["loss"]), float(stats["logits_loss"])
+        metrics = {"loss": loss, "logits_loss": logits_loss, "aux_loss": float(stats["aux_loss"]),
+                   "learning_rate": float(stats["lr"]), "perplexity": math.exp(min(logits_loss, 50.0)),
+                   "epoch": float(trainer.current_epoch), **extra}
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._epoch_start = None

@@ -188,6 +188,7 @@ class ResumeCallback(Checkpoint):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._last_save_time = time.monotonic()
         self.stop_request.install()
+        self.describe_wandb_run(trainer)
         pending, self._pending_restore = self._pending_restore, None
         if not pending:
             return
@@ -296,11 +297,46 @@ class ResumeCallback(Checkpoint):
         return gathered
 
     @staticmethod
-    def _current_wandb_id(trainer: L.Trainer) -> str | None:
-        for logger in trainer.loggers:
-            if logger.__class__.__name__ == "WandbLogger" and trainer.is_global_zero:
-                return str(logger.experiment.id)
-        return None
+    def _wandb_logger(trainer: L.Trainer) -> Any:
+        return next((lg for lg in trainer.loggers if lg.__class__.__name__ == "WandbLogger"), None)
+
+    def _current_wandb_id(self, trainer: L.Trainer) -> str | None:
+        logger = self._wandb_logger(trainer)
+        return str(logger.experiment.id) if logger is not None and trainer.is_global_zero else None
+
+    def attach_wandb_run(self, trainer: L.Trainer, run_id: str | None) -> None:
+        """Make a WandbLogger continue the checkpoint's run, unless the user chose an id.
+
+        Call before ``trainer.fit``: Lightning starts the run before it restores callbacks
+        (``python -m lit_minimind.fit`` does this; see :func:`lit_minimind.checkpoint.peek_wandb_id`).
+        """
+        logger = self._wandb_logger(trainer)
+        if logger is None:
+            return
+        chosen = logger._wandb_init.get("id")
+        if chosen and chosen != run_id:
+            rank_zero_info(f"wandb: logging to the run id you chose ({chosen}), not the checkpoint's ({run_id})")
+        elif run_id is None:
+            rank_zero_info("wandb: the checkpoint has no wandb run id: starting a new run (its id goes into the next checkpoint)")
+        elif getattr(logger, "_experiment", None) is not None:
+            rank_zero_warn(f"wandb: run {logger._experiment.id} already started; cannot re-attach to {run_id}")
+        else:
+            logger._wandb_init.update(id=run_id, resume="allow")  # no public API before the run starts
+            logger._id = run_id
+            rank_zero_info(f"wandb: continuing run {run_id}")
+
+    def describe_wandb_run(self, trainer: L.Trainer) -> None:
+        """One step axis for every metric (``micro_step``) and, on resume, where it resumed from."""
+        logger = self._wandb_logger(trainer)
+        if logger is None or not trainer.is_global_zero:
+            return
+        run = logger.experiment
+        run.define_metric("micro_step")
+        run.define_metric("*", step_metric="micro_step")
+        self.wandb_id = str(run.id)
+        if self.resumed_from is not None:
+            record = {**self.resumed_from, "checkpoint": str(trainer.ckpt_path), "world_size_now": trainer.world_size}
+            run.config.update({f"resume_at_global_step_{self.resumed_from['global_step']}": record}, allow_val_change=True)
 
 
 def progress_key(path: Path) -> tuple[int, int, int, float]:

@@ -219,7 +219,7 @@ def save_resume_checkpoint(
     for key, value in (extra_state or {}).items():
         if value is not None:
             resume[key] = value.state_dict() if hasattr(value, "state_dict") else value
-    atomic_save(resume, resume_path, {"kind": "minimind_resume", **position})
+    atomic_save(resume, resume_path, {"kind": "minimind_resume", **position, "wandb_id": wandb_id})
     return weights_path, resume_path
 
 
@@ -282,6 +282,21 @@ def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     if not isinstance(obj, dict):
         raise CheckpointError(f"{path}: holds a {type(obj).__name__}, not a checkpoint dict")
     return obj
+
+
+def peek_wandb_id(path: str | os.PathLike) -> str | None:
+    """The wandb run id stored with a checkpoint: from its manifest, else from the file itself."""
+    mpath = manifest_path(path)
+    if mpath.exists():
+        try:
+            meta = json.loads(mpath.read_text())
+            if "wandb_id" in meta:
+                return meta["wandb_id"]
+        except ValueError:
+            pass
+    ckpt = read_checkpoint(path)
+    state = (ckpt.get("callbacks") or {}).get("ResumeCallback") or ckpt
+    return state.get("wandb_id")
 
 
 def checkpoint_kind(ckpt: Mapping[str, Any]) -> str:

@@ -17,7 +17,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_warn
 
 from callbacks import MiniMindConsole, ResumeCallback, resolve_last
-from lit_minimind.checkpoint import CheckpointError, checkpoint_stem
+from lit_minimind.checkpoint import CheckpointError, checkpoint_stem, peek_wandb_id
 from lit_minimind.datamodule import MiniMindDataModule
 from lit_minimind.errors import DataError
 from lit_minimind.module import LitMiniMind
@@ -74,8 +74,26 @@ def summary(cli: MiniMindCLI, resume: ResumeCallback, console: MiniMindConsole, 
     return "\n".join(lines)
 
 
+def wandb_offline_without_credentials() -> None:
+    """wandb never blocks or fails a run: without credentials it logs offline (WANDB_MODE is respected)."""
+    if "WANDB_MODE" in os.environ or os.environ.get("WANDB_API_KEY"):
+        return
+    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    if netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="ignore"):
+        return
+    os.environ["WANDB_MODE"] = "offline"
+
+
+def wandb_flush_often() -> None:
+    """wandb writes its run file every 15 s by default; a SIGKILL loses what was not written.
+    Flushing every second keeps what was logged before a checkpoint (later steps are re-run)."""
+    os.environ.setdefault("WANDB__TRANSACTION_LOG_FLUSH_INTERVAL", "1")
+
+
 def main(args: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    wandb_offline_without_credentials()
+    wandb_flush_often()
     argv = sys.argv[1:] if args is None else args
     if not argv and DEFAULT_CONFIG.exists():
         argv = ["--config", str(DEFAULT_CONFIG)]
@@ -94,6 +112,8 @@ def main(args: list[str] | None = None) -> int:
         resume = next(cb for cb in cli.trainer.callbacks if isinstance(cb, ResumeCallback))
         console = next(cb for cb in cli.trainer.callbacks if isinstance(cb, MiniMindConsole))
         ckpt_path = resolve_ckpt_path(cli.config.get("ckpt_path"), resume, cli.model)
+        if ckpt_path:  # Lightning starts the wandb run before it restores callbacks: attach now
+            resume.attach_wandb_run(cli.trainer, peek_wandb_id(ckpt_path))
         cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
     except (CheckpointError, DataError) as err:
         print(f"error: {err}", file=sys.stderr)

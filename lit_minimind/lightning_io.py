@@ -111,7 +111,7 @@ class SafeCheckpointIO(TorchCheckpointIO):
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
         state = (checkpoint.get("callbacks") or {}).get(RESUME_STATE_KEY) or {}
-        meta = {"kind": "lightning", **{k: state[k] for k in ("epoch", "step", "world_size", "global_step") if k in state}}
+        meta = {"kind": "lightning", **{k: state[k] for k in ("epoch", "step", "world_size", "global_step", "wandb_id") if k in state}}
         atomic_save(checkpoint, path, meta)
 
     def load_checkpoint(self, path: Any, map_location: Any | None = None, weights_only: bool | None = None) -> dict[str, Any]:

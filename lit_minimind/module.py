@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 from typing import Any
 
 import lightning as L
@@ -68,8 +67,6 @@ class LitMiniMind(L.LightningModule):
         self.model = MiniMindForCausalLM(self.config)
         self.mean_loss = MeanMetric()
         self.last_stats: dict[str, torch.Tensor] = {}
-        self._tokens_seen = 0
-        self._window_start = time.perf_counter()
 
     # ----------------------------------------------------------------- schedule
     def total_lr_steps(self) -> int:
@@ -99,28 +96,11 @@ class LitMiniMind(L.LightningModule):
         loss = out.loss + out.aux_loss
         self.last_stats = {"loss": loss.detach(), "logits_loss": out.loss.detach(), "aux_loss": out.aux_loss.detach(), "lr": lr}
         self.mean_loss.update(loss.detach())
-        now = time.perf_counter()
-        tokens = int((labels != -100).sum()) * self.trainer.world_size
-        tokens_per_s = tokens / max(now - self._window_start, 1e-9)
-        self._window_start = now
-        self.log_dict(
-            {
-                "loss": loss.detach(),
-                "logits_loss": out.loss.detach(),
-                "aux_loss": out.aux_loss.detach(),
-                "learning_rate": lr,
-                "tokens_per_s": tokens_per_s,
-                "perplexity": torch.exp(out.loss.detach()),
-            },
-            on_step=True,
-            prog_bar=False,
-        )
-        self.log("mean_loss", self.mean_loss, on_step=False, on_epoch=True, prog_bar=True)
+        # per-micro-batch metrics go to the loggers from callbacks.MiniMindConsole (Lightning's
+        # self.log skips micro-batches inside an accumulation window); these feed the progress bar
         self.log("loss_step", loss.detach(), prog_bar=True, logger=False)
+        self.log("mean_loss", self.mean_loss, on_step=False, on_epoch=True, prog_bar=True)
         return loss
-
-    def on_train_epoch_start(self) -> None:
-        self._window_start = time.perf_counter()
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.model.parameters(), lr=self.hparams.learning_rate, weight_decay=self.hparams.weight_decay)

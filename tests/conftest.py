@@ -64,11 +64,12 @@ def cli_env(**extra: str) -> dict[str, str]:
 
 
 def run_cli(cwd: Path, args: list[str], *, kill_after_lines: int | None = None, env: dict[str, str] | None = None,
-            timeout: float = 300) -> Run:
+            timeout: float = 300, kill_group: bool = True) -> Run:
     """Run ``python -m lit_minimind.fit`` in ``cwd``.
 
     ``kill_after_lines=k`` sends SIGKILL right after the k-th MiniMind console line is read;
-    a process that stops itself inside a save (test hook) is SIGKILLed there.
+    a process that stops itself inside a save (test hook) is SIGKILLed there. ``kill_group``
+    kills every process of the run (DDP ranks, wandb's service), else only the trainer process.
     """
     # own session: a kill takes the whole process group (DDP ranks included), as a preemption does
     proc = subprocess.Popen([sys.executable, "-m", "lit_minimind.fit", *args], cwd=cwd, env=env or cli_env(),
@@ -81,7 +82,7 @@ def run_cli(cwd: Path, args: list[str], *, kill_after_lines: int | None = None, 
         if LINE_RE.search(line):
             seen += 1
         if line.startswith("@@stopped-in-save") or (kill_after_lines is not None and seen >= kill_after_lines):
-            os.killpg(proc.pid, signal.SIGKILL)
+            (os.killpg if kill_group else os.kill)(proc.pid, signal.SIGKILL)
             break
     try:
         rest, err = proc.communicate(timeout=timeout)

@@ -1,0 +1,98 @@
+"""wandb (real, offline): a killed and resumed run keeps logging into the same run, by its saved id."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import LINE_RE, MINIMIND, ROOT, cli_env, need_shared, run_cli, tiny_args
+from wandb_files import run_summary
+
+KEYS = ("loss", "logits_loss", "aux_loss", "learning_rate")
+
+
+def logged_steps(run_dir: Path) -> set[int]:
+    files = list(run_dir.glob("run-*.wandb"))
+    if not files:
+        return set()
+    return {int(row["micro_step"]) for row in run_summary(run_dir)["history"] if "micro_step" in row}
+
+
+def kill_in_save(cwd: Path, args: list[str], save_number: int) -> int:
+    """SIGKILL the run inside its ``save_number``-th file write, once wandb's service has written
+    every row logged so far to disk (polled: wandb flushes its run file every second)."""
+    env = cli_env(LIT_MINIMIND_TEST_STOP_IN_SAVE=str(save_number))
+    before = set((cwd / "wandb").glob("offline-run-*")) if (cwd / "wandb").exists() else set()
+    proc = subprocess.Popen([sys.executable, "-m", "lit_minimind.fit", *args], cwd=cwd, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+    printed = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if m := LINE_RE.search(line):
+            printed.append((int(m[1]), int(m[3]), int(m[4])))
+        if line.startswith("@@stopped-in-save"):
+            break
+    epoch, step, iters = printed[-1]
+    expected = (epoch - 1) * iters + step  # the saved step's row is logged before its save
+    (run_dir,) = set((cwd / "wandb").glob("offline-run-*")) - before
+    deadline = time.monotonic() + 60
+    while max(logged_steps(run_dir), default=0) < expected and time.monotonic() < deadline:
+        time.sleep(0.2)  # polling a condition, bounded: wandb's service writes on its own clock
+    os.killpg(proc.pid, signal.SIGKILL)
+    return proc.wait()
+
+
+def wandb_args() -> list[str]:
+    return ["--config", str(ROOT / "conf" / "wandb.yaml")]
+
+
+def test_killed_twice_one_run_id_and_one_clean_history(tmp_path: Path) -> None:
+    need_shared()
+    args = wandb_args() + tiny_args(epochs=2, accumulate=2, save_interval=4) + ["--ckpt_path", "last"]
+    first = kill_in_save(tmp_path, args, save_number=5)   # inside the save at epoch 1 step 8
+    second = kill_in_save(tmp_path, args, save_number=8)  # resumed at step 4 -> inside epoch 2 step 4's save
+    assert first == second == -9
+    final = run_cli(tmp_path, args)
+    assert final.returncode == 0, final.stderr[-3000:]
+    runs = [run_summary(d) for d in sorted((tmp_path / "wandb").glob("offline-run-*"))]
+    assert len(runs) == 3
+    assert len({r["id"] for r in runs}) == 1, "a resumed run must continue the same wandb run"
+    assert "wandb: continuing run" in final.stderr
+
+    by_step: dict[int, dict] = {}
+    for run in runs:
+        for row in run["history"]:
+            if "micro_step" not in row or "loss" not in row:  # e.g. the epoch-end row (mean_loss)
+                continue
+            values = {k: row[k] for k in KEYS}
+            step = int(row["micro_step"])
+            assert by_step.setdefault(step, values) == values, f"step {step} re-logged with other values"
+    assert sorted(by_step) == list(range(1, 25)), "every micro-batch of both epochs is in the history"
+    assert all(r["config"].get("hidden_size") == 64 for r in runs)
+    resumes = [k for r in runs[1:] for k in r["config"] if k.startswith("resume_at_global_step_")]
+    assert len(resumes) == 2
+    saved = torch.load(tmp_path / "checkpoints" / "pretrain_64_resume.pth", weights_only=True)
+    assert saved["wandb_id"] == runs[0]["id"]
+
+
+def test_minimind_file_without_wandb_id_starts_new_run_and_stores_it(tmp_path: Path) -> None:
+    need_shared()
+    src = MINIMIND / "original_run" / "checkpoints__pretrain_64_resume.step5.pth"
+    assert torch.load(src, weights_only=True)["wandb_id"] is None
+    run = run_cli(tmp_path, wandb_args() + tiny_args() + ["--ckpt_path", str(src)])
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "the checkpoint has no wandb run id: starting a new run" in run.stderr
+    (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
+    new_id = run_summary(run_dir)["id"]
+    assert new_id
+    saved = torch.load(tmp_path / "checkpoints" / "pretrain_64_resume.pth", weights_only=True)
+    assert saved["wandb_id"] == new_id
+    ckpt = torch.load(next((tmp_path / "checkpoints").glob("*.ckpt")), weights_only=True)
+    assert ckpt["callbacks"]["ResumeCallback"]["wandb_id"] == new_id
