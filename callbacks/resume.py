@@ -83,6 +83,7 @@ class ResumeCallback(Checkpoint):
         self._last_save_time = time.monotonic()
         self.stop_request = StopRequest()
         self.stopped_by: str | None = None
+        self.best_val_loss: float | None = None
 
     @property
     def state_key(self) -> str:
@@ -159,6 +160,7 @@ class ResumeCallback(Checkpoint):
             datamodule.resume_at(next_epoch, 0)
             rank_zero_info(f"resuming at the start of epoch {next_epoch + 1}")
         self.wandb_id = state.get("wandb_id")
+        self.best_val_loss = state.get("best_val_loss")
         self.resumed_from = {"epoch": epoch, "step": step, "saved_step": saved_step, "world_size": saved_world,
                              "global_step": global_step, "source": state.get("source_format", "lightning")}
         grads = state.get("grads")
@@ -214,6 +216,18 @@ class ResumeCallback(Checkpoint):
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self.stop_request.uninstall()
 
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """With a validation split: keep ``{stem}_best.ckpt``, the checkpoint with the lowest val loss."""
+        val = trainer.callback_metrics.get("val_loss")
+        if trainer.sanity_checking or val is None:
+            return
+        if self.best_val_loss is None or float(val) < self.best_val_loss:
+            self.best_val_loss = float(val)
+            self._state["best_val_loss"] = self.best_val_loss
+            self.best_path = self.ckpt_dir / f"{self.stem(pl_module)}_best.ckpt"
+            trainer.save_checkpoint(self.best_path, weights_only=False)
+            rank_zero_info(f"new best val_loss {self.best_val_loss:.4f}: saved {self.best_path}")
+
     def state_dict(self) -> dict[str, Any]:
         return dict(self._state)
 
@@ -238,6 +252,7 @@ class ResumeCallback(Checkpoint):
             "format": FORMAT_VERSION,
             "dataset_len": len(trainer.datamodule.train_dataset) if trainer.datamodule is not None else None,
             "versions": library_versions(),
+            "best_val_loss": self.best_val_loss,
         }
         lightning_path = self.lightning_path(pl_module, epoch, step, trainer.global_step)
         try:
@@ -264,6 +279,7 @@ class ResumeCallback(Checkpoint):
             "hyper_parameters": dict(pl_module.hparams),
             "config": model.config.to_dict(),
             "versions": library_versions(),
+            "best_val_loss": self.best_val_loss,
         }
         weights, resume = save_resume_checkpoint(
             model,

@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 
 import lightning as L
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Subset
 
 from lit_minimind.sampler import EpochShardSampler, ResumableBatchSampler
 
@@ -38,6 +38,8 @@ class MiniMindDataModule(L.LightningDataModule):
         num_workers: DataLoader worker processes.
         cache_dir: where the embedded corpus and tokenizer are cached
             (default ``$LIT_MINIMIND_CACHE`` or ``~/.cache/lit_minimind``).
+        val_fraction: hold out this fraction of the records (the last ones of the file) for a
+            validation loss at each epoch's end; 0 (default) trains on everything, as MiniMind.
     """
 
     def __init__(
@@ -48,6 +50,7 @@ class MiniMindDataModule(L.LightningDataModule):
         batch_size: int = 32,
         num_workers: int = 0,
         cache_dir: str | None = None,
+        val_fraction: float = 0.0,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -57,7 +60,11 @@ class MiniMindDataModule(L.LightningDataModule):
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.cache_dir = cache_dir
+        if not 0.0 <= val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+        self.val_fraction = val_fraction
         self.train_dataset = None
+        self.val_dataset = None
         self.tokenizer = None
         self._resume: tuple[int, int] | None = None
 
@@ -82,7 +89,12 @@ class MiniMindDataModule(L.LightningDataModule):
 
         data, tok = self.resolved_paths()
         self.tokenizer = load_tokenizer(tok)
-        self.train_dataset = PretrainDataset(data, self.tokenizer, max_length=self.max_seq_len)
+        full = PretrainDataset(data, self.tokenizer, max_length=self.max_seq_len)
+        n_val = math.ceil(len(full) * self.val_fraction) if self.val_fraction > 0 else 0
+        if n_val >= len(full):
+            raise ValueError(f"val_fraction {self.val_fraction} leaves no training records in {data}")
+        self.train_dataset = Subset(full, range(len(full) - n_val)) if n_val else full
+        self.val_dataset = Subset(full, range(len(full) - n_val, len(full))) if n_val else None
 
     def batches_per_epoch(self, world_size: int = 1) -> int:
         """MiniMind's ``iters`` on each rank: ``ceil(ceil(N / world_size) / batch_size)``."""
@@ -113,3 +125,8 @@ class MiniMindDataModule(L.LightningDataModule):
             persistent_workers=False,
             pin_memory=trainer is not None and trainer.accelerator.__class__.__name__ == "CUDAAccelerator",
         )
+
+    def val_dataloader(self) -> DataLoader | list:
+        if self.val_dataset is None:
+            return []
+        return DataLoader(self.val_dataset, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers)

@@ -94,17 +94,14 @@ def main(args: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     wandb_offline_without_credentials()
     wandb_flush_often()
-    argv = sys.argv[1:] if args is None else args
-    if not argv and DEFAULT_CONFIG.exists():
-        argv = ["--config", str(DEFAULT_CONFIG)]
-    elif args is None:
-        argv = None  # LightningCLI reads sys.argv itself
     try:
         cli = MiniMindCLI(
             LitMiniMind,
             MiniMindDataModule,
             run=False,
-            args=argv,
+            args=args,
+            # the embedded default is the base of every run; flags and --config presets override it
+            parser_kwargs={"default_config_files": [str(DEFAULT_CONFIG)]},
             seed_everything_default=42,
             save_config_kwargs={"overwrite": True},
             trainer_defaults={"use_distributed_sampler": False, "log_every_n_steps": 1},

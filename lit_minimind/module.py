@@ -102,6 +102,11 @@ class LitMiniMind(L.LightningModule):
         self.log("mean_loss", self.mean_loss, on_step=False, on_epoch=True, prog_bar=True)
         return loss
 
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        input_ids, labels = batch
+        out = self.model(input_ids, labels=labels)
+        self.log("val_loss", out.loss, on_epoch=True, prog_bar=True, sync_dist=True)
+
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.model.parameters(), lr=self.hparams.learning_rate, weight_decay=self.hparams.weight_decay)
 

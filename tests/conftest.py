@@ -59,7 +59,8 @@ class Run:
 def cli_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LIT_MINIMIND_TEST")}
     env.update({"PYTHONPATH": str(ROOT), "WANDB_MODE": "offline", "LIT_MINIMIND_CACHE": str(ROOT / ".cache"),
-                "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **extra})
+                "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
+                "OMP_NUM_THREADS": "1", **extra})  # 1 thread: tests run side by side on 2 cores
     return env
 
 

@@ -96,3 +96,13 @@ def test_presets_parse(preset: str) -> None:
                             cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "hidden_size" in result.stdout and "save_interval" in result.stdout
+
+
+def test_validation_split_keeps_best_checkpoint(tmp_path: Path) -> None:
+    need_shared()
+    run = run_cli(tmp_path, tiny_args(epochs=2, accumulate=1, save_interval=100) + ["--data.val_fraction", "0.25"])
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert max(run.steps) == (2, 9)  # 48 records - 12 held out = 36 -> 9 batches of 4
+    assert run.stderr.count("new best val_loss") == 2  # loss falls: each epoch's validation is a new best
+    best = torch.load(tmp_path / "checkpoints" / "pretrain_64_best.ckpt", weights_only=True)
+    assert best["callbacks"]["ResumeCallback"]["best_val_loss"] is not None
