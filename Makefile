@@ -20,7 +20,7 @@ fit: $(STAMP)
 	$(PY) -m lit_minimind.fit $(ARGS)
 
 test: $(STAMP)
-	$(PY) -m pytest -q tests $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 2 tests $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run_all

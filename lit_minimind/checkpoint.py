@@ -214,8 +214,8 @@ def save_resume_checkpoint(
         **position,
         "wandb_id": wandb_id,
     }
-    if scaler is not None:
-        resume["scaler"] = scaler.state_dict()
+    # always present: MiniMind's loader calls scaler.load_state_dict(ckp["scaler"]) unconditionally
+    resume["scaler"] = scaler.state_dict() if scaler is not None else {}
     for key, value in (extra_state or {}).items():
         if value is not None:
             resume[key] = value.state_dict() if hasattr(value, "state_dict") else value

@@ -46,6 +46,10 @@ def test_resume_from_original_minimind_file_reproduces_its_resumed_run(tmp_path:
 
     config = MiniMindConfig.from_dict(json.loads((MINIMIND / "parity" / f"{variant}_config.json").read_text()))
     model = MiniMindForCausalLM(config)
-    model.load_state_dict(resume["model"], strict=True)  # what MiniMind's own loader does
+    # what MiniMind's train_pretrain.py does with a resume file (--from_resume 1)
+    model.load_state_dict(resume["model"], strict=True)
+    torch.optim.AdamW(model.parameters(), lr=5e-4).load_state_dict(resume["optimizer"])
+    torch.amp.GradScaler("cpu", enabled=False).load_state_dict(resume["scaler"])
+    assert resume.get("step", 0) == 12 and resume["epoch"] == 0
     original = torch.load(MINIMIND / "original_run" / f"out__pretrain_64{suffix}.pth", weights_only=True)
     assert original.keys() == export.keys()

@@ -106,3 +106,19 @@ def test_validation_split_keeps_best_checkpoint(tmp_path: Path) -> None:
     assert run.stderr.count("new best val_loss") == 2  # loss falls: each epoch's validation is a new best
     best = torch.load(tmp_path / "checkpoints" / "pretrain_64_best.ckpt", weights_only=True)
     assert best["callbacks"]["ResumeCallback"]["best_val_loss"] is not None
+
+
+def test_bf16_mixed_runs_on_cpu(tmp_path: Path) -> None:
+    need_shared()
+    run = run_cli(tmp_path, tiny_args(epochs=1) + ["--trainer.precision", "bf16-mixed"])
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert len(run.steps) == 12
+
+
+def test_time_based_save_cadence(tmp_path: Path) -> None:
+    need_shared()
+    run = run_cli(tmp_path, tiny_args(epochs=1, save_interval=1000) +
+                  ["--resume.save_every_minutes", "0.000001", "--resume.keep_last", "50"])
+    assert run.returncode == 0, run.stderr[-3000:]
+    steps = sorted(int(p.name.split("_s")[1].split("_")[0]) for p in (tmp_path / "checkpoints").glob("*.ckpt"))
+    assert steps == list(range(1, 13))  # every batch is "due" by time; step 12 by MiniMind's rule too
