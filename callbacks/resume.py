@@ -84,6 +84,8 @@ class ResumeCallback(Checkpoint):
         self.stop_request = StopRequest()
         self.stopped_by: str | None = None
         self.best_val_loss: float | None = None
+        self._last_trained: tuple[int, int] | None = None
+        self._last_saved: tuple[int, int] | None = None
 
     @property
     def state_key(self) -> str:
@@ -143,7 +145,9 @@ class ResumeCallback(Checkpoint):
             global_step = epoch * math.ceil(iters / accumulate) + step // accumulate
         if step > iters:
             raise CheckpointError(f"checkpoint is at step {step} of epoch {epoch + 1}, but an epoch has only {iters} batches here")
-        if checkpoint.get("loops") is None or step != saved_step:
+        # Lightning's loops are exact for saves inside an epoch; a save at the end of training
+        # (max_steps, max_time) records a finished epoch, so the position is rebuilt from ours
+        if checkpoint.get("loops") is None or step != saved_step or state.get("saved_at_train_end"):
             template = trainer.fit_loop.state_dict()
             if step >= 1:
                 checkpoint["loops"] = {"fit_loop": fit_loop_state_at(template, epoch, step, iters, accumulate, global_step)}
@@ -204,6 +208,7 @@ class ResumeCallback(Checkpoint):
     # ------------------------------------------------------------------ hooks: saving
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         step, iters = batch_idx + 1, int(trainer.num_training_batches)
+        self._last_trained = (trainer.current_epoch, step)
         stop = self.should_stop(trainer, step, iters)
         if stop or self.should_save(trainer, step, iters):
             self.save(trainer, pl_module, trainer.current_epoch, step)
@@ -212,6 +217,11 @@ class ResumeCallback(Checkpoint):
             trainer.should_stop = True
             rank_zero_info(f"stopped by {self.stopped_by} after epoch {trainer.current_epoch + 1} step {step}/{iters}; "
                            "checkpoint saved. Resume with the same command plus --ckpt_path last")
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Training ended between save points (``max_steps``, ``max_time``): save where it stopped."""
+        if self._last_trained is not None and self._last_trained != self._last_saved:
+            self.save(trainer, pl_module, *self._last_trained, at_train_end=True)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self.stop_request.uninstall()
@@ -235,7 +245,8 @@ class ResumeCallback(Checkpoint):
         pass  # everything is applied in on_load_checkpoint, which also sees the loop state
 
     # ------------------------------------------------------------------ actions
-    def save(self, trainer: L.Trainer, pl_module: L.LightningModule, epoch: int, step: int) -> None:
+    def save(self, trainer: L.Trainer, pl_module: L.LightningModule, epoch: int, step: int,
+             at_train_end: bool = False) -> None:
         """Write the Lightning checkpoint and MiniMind's two files for the state after ``step``."""
         iters = int(trainer.num_training_batches)
         self.wandb_id = self._current_wandb_id(trainer) or self.wandb_id
@@ -253,6 +264,7 @@ class ResumeCallback(Checkpoint):
             "dataset_len": len(trainer.datamodule.train_dataset) if trainer.datamodule is not None else None,
             "versions": library_versions(),
             "best_val_loss": self.best_val_loss,
+            "saved_at_train_end": at_train_end,
         }
         lightning_path = self.lightning_path(pl_module, epoch, step, trainer.global_step)
         try:
@@ -268,6 +280,7 @@ class ResumeCallback(Checkpoint):
             ) from err
         trainer.strategy.barrier("ResumeCallback.save")
         self._last_save_time = time.monotonic()
+        self._last_saved = (epoch, step)
 
     def _save_minimind_files(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         model = unwrap_model(pl_module)
@@ -279,7 +292,6 @@ class ResumeCallback(Checkpoint):
             "hyper_parameters": dict(pl_module.hparams),
             "config": model.config.to_dict(),
             "versions": library_versions(),
-            "best_val_loss": self.best_val_loss,
         }
         weights, resume = save_resume_checkpoint(
             model,

@@ -122,3 +122,19 @@ def test_time_based_save_cadence(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr[-3000:]
     steps = sorted(int(p.name.split("_s")[1].split("_")[0]) for p in (tmp_path / "checkpoints").glob("*.ckpt"))
     assert steps == list(range(1, 13))  # every batch is "due" by time; step 12 by MiniMind's rule too
+
+
+def test_stop_by_max_steps_saves_where_it_stopped(tmp_path: Path) -> None:
+    need_shared()
+    run_dir = tmp_path
+    args = tiny_args(epochs=1, accumulate=2, save_interval=5)
+    part = run_cli(run_dir, args + ["--trainer.max_steps", "3"])  # 6 batches: not a save point
+    assert part.returncode == 0 and max(part.steps) == (1, 6)
+    resume = torch.load(run_dir / "checkpoints" / "pretrain_64_resume.pth", weights_only=True)
+    assert (resume["epoch"], resume["step"]) == (0, 6)
+    # max_steps also shortens the LR schedule (T = max_steps x accumulation), so a longer run
+    # continues from here on its own schedule: position, weights and optimizer carry over
+    rest = run_cli(run_dir, args + ["--ckpt_path", "last"])
+    assert rest.returncode == 0, rest.stderr[-3000:]
+    assert sorted(rest.steps) == [(1, s) for s in range(7, 13)]
+    assert "resuming epoch 1 at step 7/12: skipping 6 trained batches" in rest.stderr
