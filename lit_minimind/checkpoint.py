@@ -9,18 +9,18 @@ The file layout is MiniMind's (lesson 15):
   versions). Original MiniMind still loads these files.
 
 Every write is atomic (tmp file in the same directory, fsync, ``os.replace``) and is
-followed by a manifest ``<file>.manifest.json`` recording size and sha256, so a reader can
+followed by a manifest ``<file>.manifest.json`` recording size and CRC-32, so a reader can
 tell a complete file from a torn or corrupted one. Every read is ``weights_only``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import pickle
 import platform
+import zlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -62,16 +62,20 @@ def manifest_path(path: str | os.PathLike) -> Path:
 
 
 class _HashingWriter:
-    """File wrapper that hashes what ``torch.save`` writes, so no second read is needed."""
+    """File wrapper that checksums what ``torch.save`` writes, so no second read is needed.
+
+    CRC-32 (zlib, ~7 GB/s here) rather than sha256 (~2 GB/s): it detects truncation and bit rot,
+    which is its job here, at a quarter of the cost on the training thread.
+    """
 
     def __init__(self, f: BinaryIO) -> None:
         self._f = f
-        self.sha256 = hashlib.sha256()
+        self.crc32 = 0
         self.size = 0
         self.error: OSError | None = None  # torch's zip writer hides it behind a RuntimeError
 
     def write(self, data: bytes) -> int:
-        self.sha256.update(data)
+        self.crc32 = zlib.crc32(data, self.crc32)
         self.size += len(data)
         try:
             return self._f.write(data)
@@ -141,7 +145,7 @@ def atomic_save(obj: Any, path: str | os.PathLike, meta: Mapping[str, Any] | Non
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    manifest = {"file": path.name, "size": writer.size, "sha256": writer.sha256.hexdigest(), **(meta or {})}
+    manifest = {"file": path.name, "size": writer.size, "crc32": f"{writer.crc32:08x}", **(meta or {})}
     mtmp = manifest_path(path).with_suffix(".tmp")
     with open(mtmp, "w") as f:
         json.dump(manifest, f, indent=1)
@@ -227,13 +231,13 @@ def save_resume_checkpoint(
 
 
 def _verify_manifest(path: Path) -> None:
-    """Check size and sha256 against the manifest written beside the file, if there is one."""
+    """Check size and CRC-32 against the manifest written beside the file, if there is one."""
     mpath = manifest_path(path)
     if not mpath.exists():
         return
     try:
         manifest = json.loads(mpath.read_text())
-        expected_size, expected_sha = int(manifest["size"]), str(manifest["sha256"])
+        expected_size, expected_crc = int(manifest["size"]), str(manifest["crc32"])
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise CheckpointError(f"{path}: its manifest {mpath.name} is unreadable ({err})") from err
     size = path.stat().st_size
@@ -242,12 +246,12 @@ def _verify_manifest(path: Path) -> None:
             f"{path}: size {size} bytes differs from the {expected_size} bytes recorded when it was saved "
             "(truncated, or replaced by an interrupted save)"
         )
-    sha = hashlib.sha256()
+    crc = 0
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 22), b""):
-            sha.update(chunk)
-    if sha.hexdigest() != expected_sha:
-        raise CheckpointError(f"{path}: sha256 differs from the one recorded when it was saved (corrupted)")
+            crc = zlib.crc32(chunk, crc)
+    if f"{crc:08x}" != expected_crc:
+        raise CheckpointError(f"{path}: checksum (crc32) differs from the one recorded when it was saved (corrupted)")
 
 
 def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu", verify: bool = True) -> dict[str, Any]:

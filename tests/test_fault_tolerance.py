@@ -66,7 +66,7 @@ def test_last_falls_back_past_corrupted_and_truncated_checkpoints(tmp_path: Path
     resume_pth.write_bytes(resume_pth.read_bytes()[:1000])  # truncated
     run = run_cli(tmp_path, args + ["--ckpt_path", "last"])
     assert run.returncode == 0, run.stderr[-3000:]
-    assert f"skipping checkpoint checkpoints/{newest.name}: sha256 differs" in run.stderr
+    assert f"skipping checkpoint checkpoints/{newest.name}: checksum (crc32) differs" in run.stderr
     assert f"skipping checkpoint checkpoints/{resume_pth.name}: size" in run.stderr
     assert "resuming epoch 1 at step 7/12: skipping 6 trained batches" in run.stderr
 

@@ -1,0 +1,1 @@
+"""Benchmarks of lit-minimind: port overhead, checkpoint cost, resume cost (``make bench``)."""

@@ -1,0 +1,132 @@
+"""Run every benchmark (``make bench``): port overhead, checkpoint cost, resume cost.
+
+Each benchmark prints its table and writes ``<name>.json`` and ``<name>.png`` under the
+results directory (default ``benchmarks/results/``); this script also writes
+``summary.md`` there with all tables and, after a full run into the default directory,
+refreshes the tables in ``benchmarks/README.md`` (between the ``bench-results`` markers).
+
+``python -m benchmarks.run_all [--quick] [--only overhead checkpoint resume] [--results-dir DIR] [--threads N]``
+
+``--quick`` runs toy sizes (seconds; what ``tests/test_benchmarks.py`` runs); its numbers
+mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from benchmarks import bench_checkpoint, bench_overhead, bench_resume
+from benchmarks.common import RESULTS_DIR, say, write_text
+
+BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {
+    "overhead": bench_overhead.run,
+    "checkpoint": bench_checkpoint.run,
+    "resume": bench_resume.run,
+}
+README = Path(__file__).resolve().parent / "README.md"
+START, END = "<!-- bench-results:start -->", "<!-- bench-results:end -->"
+
+
+def summary(payloads: dict[str, dict[str, Any]]) -> str:
+    env = next(iter(payloads.values()))["environment"]
+    threads = next(iter(payloads.values())).get("threads")
+    load = env.get("loadavg_at_start")
+    lines = [
+        f"Measured on {env['cpu_count']} CPU cores ({env['processor']}, {env['platform']}), "
+        f"Python {env['python']}, torch {env['torch']}, Lightning {env['lightning']}, {threads} torch thread(s) "
+        f"per process; load average (1, 5, 15 min) when the first one started "
+        f"{', '.join(f'{x:.2f}' for x in load) if load else 'n/a'}"
+        f"{' (--quick: toy sizes, numbers mean nothing)' if any(p['quick'] for p in payloads.values()) else ''}.",
+        "",
+    ]
+    if "overhead" in payloads:
+        p = payloads["overhead"]
+        lines += [f"### 1. Port overhead: Lightning vs plain PyTorch (tokens/s, higher is better; {p['environment']['date']})", "",
+                  f"{p['reps']} alternating repetitions after a warm-up run of each side; ratio = Lightning / plain "
+                  "within a repetition, median (min–max); Δ last loss = largest difference of the last loss "
+                  "between the two sides (0: the same training).", "", p["table"], ""]
+        lines += p.get("notes", []) + [""]
+        at = p["attribution"]
+        lines += [f"Where the time of a micro-batch goes ({at['config']['name']}, accumulation 1; timers around the same "
+                  "work on both sides, median over the timed batches of a run, then over runs):", "",
+                  p["attribution_table"], ""]
+    if "checkpoint" in payloads:
+        p = payloads["checkpoint"]
+        lines += [f"### 2. Checkpoint cost (one save of both MiniMind files; seconds, lower is better; {p['environment']['date']})", "",
+                  f"{p['reps']} alternating repetitions after a warm-up save; files on the disk of `{Path(p['disk_dir']).name}/` "
+                  "(the cache dir), `os.sync()` between saves.", "", p["table"], "", p["detail_table"], "",
+                  "Per-byte work on this machine: " + ", ".join(f"{k} {v:.2f} GB/s" for k, v in p["rates_gb_per_s"].items())
+                  + ".", ""]
+        if p.get("profile_table"):
+            lines += ["Where the time of one save goes (cProfile of one more save of each kind):", "", p["profile_table"], ""]
+    if "resume" in payloads:
+        p = payloads["resume"]
+        lines += [f"### 3. Resume cost vs position (launch → first trained batch; seconds, lower is better; {p['environment']['date']})", "",
+                  f"{p['lines']:,}-line jsonl ({p['data_bytes'] / 2**20:.0f} MiB), batch {p['batch_size']}, "
+                  f"seq {p['max_seq_len']}, model {p['model']['hidden_size']}x{p['model']['num_hidden_layers']}; "
+                  f"{p['reps']} rotated repetitions; phases are medians.", "", p["table"], "", p["verdict"], ""]
+    return "\n".join(lines)
+
+
+def update_readme(text: str, readme: Path = README) -> bool:
+    if not readme.exists():
+        return False
+    content = readme.read_text()
+    if START not in content or END not in content:
+        return False
+    head, rest = content.split(START, 1)
+    _, tail = rest.split(END, 1)
+    write_text(readme, f"{head}{START}\n{text.rstrip()}\n{END}{tail}")
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="toy sizes, seconds (the smoke test)")
+    parser.add_argument("--only", nargs="+", choices=list(BENCHMARKS), default=list(BENCHMARKS))
+    parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads per process (default 1)")
+    parser.add_argument("--no-readme", action="store_true", help="do not refresh the tables in benchmarks/README.md")
+    args = parser.parse_args(argv)
+
+    start = time.perf_counter()
+    payloads: dict[str, dict[str, Any]] = {}
+    failed = []
+    for name in args.only:
+        try:
+            payloads[name] = BENCHMARKS[name](quick=args.quick, results_dir=args.results_dir, threads=args.threads)
+        except Exception:  # report, keep going with the others, fail at the end
+            traceback.print_exc()
+            failed.append(name)
+        say("")
+    seconds = time.perf_counter() - start
+    if payloads and not args.quick:  # the summary also shows the latest full results of benchmarks not run now
+        for name in BENCHMARKS:
+            path = args.results_dir / f"{name}.json"
+            if name not in payloads and name not in failed and path.exists():
+                earlier = json.loads(path.read_text())
+                if not earlier.get("quick"):
+                    payloads[name] = earlier
+        payloads = {name: payloads[name] for name in BENCHMARKS if name in payloads}
+    if payloads:
+        text = summary(payloads)
+        write_text(args.results_dir / "summary.md", text + "\n")
+        full_default = (not args.quick and args.results_dir.resolve() == RESULTS_DIR.resolve()
+                        and set(payloads) == set(BENCHMARKS))
+        if full_default and not args.no_readme and update_readme(text):
+            say(f"tables refreshed in {README}")
+        say(f"results in {args.results_dir}/ (summary.md, *.json, *.png); {seconds / 60:.1f} min")
+    if failed:
+        say(f"FAILED: {', '.join(failed)}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
