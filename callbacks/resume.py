@@ -127,42 +127,29 @@ class ResumeCallback(Checkpoint):
         trainer.strategy.checkpoint_io = SafeCheckpointIO()
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
-        self.check_compatible(trainer, pl_module, checkpoint)
         state = (checkpoint.get("callbacks") or {}).get(self.state_key)
         if not state:
             return  # a Lightning checkpoint written without us: Lightning restores what it can
-        datamodule = trainer.datamodule
-        world = trainer.world_size
-        saved_world = int(state.get("world_size") or 1)
+        self.check_same_data(trainer, state)
+        self.warn_other_versions(state)
+        world, saved_world = trainer.world_size, int(state.get("world_size") or 1)
         epoch, saved_step = int(state["epoch"]), int(state["step"])
         step = corrected_step(saved_step, saved_world, world)
         if saved_world != world:
             rank_zero_info(f"world size changed ({saved_world}→{world}): step {saved_step} → {step}")
-        iters = datamodule.batches_per_epoch(world)
-        accumulate = trainer.accumulate_grad_batches
-        global_step = state.get("global_step")
-        if global_step is None:  # original MiniMind file: count its optimizer steps
-            global_step = epoch * math.ceil(iters / accumulate) + step // accumulate
+        iters = trainer.datamodule.batches_per_epoch(world)
         if step > iters:
             raise CheckpointError(f"checkpoint is at step {step} of epoch {epoch + 1}, but an epoch has only {iters} batches here")
-        # Lightning's loops are exact for saves inside an epoch; a save at the end of training
-        # (max_steps, max_time) records a finished epoch, so the position is rebuilt from ours
-        if checkpoint.get("loops") is None or step != saved_step or state.get("saved_at_train_end"):
-            template = trainer.fit_loop.state_dict()
-            if step >= 1:
-                checkpoint["loops"] = {"fit_loop": fit_loop_state_at(template, epoch, step, iters, accumulate, global_step)}
-            elif epoch > 0:  # nothing trained yet in this epoch: as if the previous one just ended
-                checkpoint["loops"] = {"fit_loop": fit_loop_state_at(template, epoch - 1, iters, iters, accumulate, global_step)}
-            else:
-                checkpoint["loops"] = None
+        global_step = state.get("global_step")
+        if global_step is None:  # original MiniMind file: count its optimizer steps
+            global_step = epoch * math.ceil(iters / trainer.accumulate_grad_batches) + step // trainer.accumulate_grad_batches
         checkpoint["global_step"] = global_step
-        if 0 < step < iters:
-            datamodule.resume_at(epoch, step)
-            rank_zero_info(f"resuming epoch {epoch + 1} at step {step + 1}/{iters}: skipping {step} trained batches")
-        else:
-            next_epoch = epoch + 1 if step >= iters else epoch
-            datamodule.resume_at(next_epoch, 0)
-            rank_zero_info(f"resuming at the start of epoch {next_epoch + 1}")
+        # Lightning's loops are exact for our saves inside an epoch; MiniMind files carry none, a
+        # changed world size moves the position, and a save at the end of training (max_steps,
+        # max_time) records a finished epoch: then the position is rebuilt from ours
+        if checkpoint.get("loops") is None or step != saved_step or state.get("saved_at_train_end"):
+            checkpoint["loops"] = self._loops_at(trainer, epoch, step, iters, global_step)
+        self._skip_trained_batches(trainer, epoch, step, iters)
         self.wandb_id = state.get("wandb_id")
         self.best_val_loss = state.get("best_val_loss")
         self.resumed_from = {"epoch": epoch, "step": step, "saved_step": saved_step, "world_size": saved_world,
@@ -175,21 +162,40 @@ class ResumeCallback(Checkpoint):
             grads = grads[trainer.global_rank]
         self._pending_restore = {"rng": state.get("rng"), "grads": grads}
 
-    def check_compatible(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
-        """Fail before any training when the checkpoint's model or dataset differs from this run's."""
-        problems: list[str] = []  # model shapes are checked earlier, by LitMiniMind.on_load_checkpoint
-        state = (checkpoint.get("callbacks") or {}).get(self.state_key) or {}
+    @staticmethod
+    def _loops_at(trainer: L.Trainer, epoch: int, step: int, iters: int, global_step: int) -> dict[str, Any] | None:
+        template, accumulate = trainer.fit_loop.state_dict(), trainer.accumulate_grad_batches
+        if step >= 1:
+            return {"fit_loop": fit_loop_state_at(template, epoch, step, iters, accumulate, global_step)}
+        if epoch > 0:  # nothing trained yet in this epoch: as if the previous one just ended
+            return {"fit_loop": fit_loop_state_at(template, epoch - 1, iters, iters, accumulate, global_step)}
+        return None
+
+    @staticmethod
+    def _skip_trained_batches(trainer: L.Trainer, epoch: int, step: int, iters: int) -> None:
+        if 0 < step < iters:
+            trainer.datamodule.resume_at(epoch, step)
+            rank_zero_info(f"resuming epoch {epoch + 1} at step {step + 1}/{iters}: skipping {step} trained batches")
+        else:
+            next_epoch = epoch + 1 if step >= iters else epoch
+            trainer.datamodule.resume_at(next_epoch, 0)
+            rank_zero_info(f"resuming at the start of epoch {next_epoch + 1}")
+
+    @staticmethod
+    def check_same_data(trainer: L.Trainer, state: dict[str, Any]) -> None:
+        """Fail before any training on another dataset (model shapes: ``LitMiniMind.on_load_checkpoint``)."""
         saved_len, dataset = state.get("dataset_len"), getattr(trainer.datamodule, "train_dataset", None)
         if saved_len is not None and dataset is not None and saved_len != len(dataset):
-            problems.append(f"dataset length: checkpoint {saved_len} samples, this run {len(dataset)}")
-        if problems:
-            raise CheckpointError("checkpoint does not match this run (resume needs the same model and data):\n  "
-                                  + "\n  ".join(problems))
-        saved_versions, current_versions = state.get("versions") or {}, library_versions()
+            raise CheckpointError("checkpoint does not match this run (resume needs the same data):\n  "
+                                  f"dataset length: checkpoint {saved_len} samples, this run {len(dataset)}")
+
+    @staticmethod
+    def warn_other_versions(state: dict[str, Any]) -> None:
+        saved, current = state.get("versions") or {}, library_versions()
         for lib in ("torch", "lightning"):
-            if saved_versions.get(lib) and saved_versions[lib] != current_versions[lib]:
-                rank_zero_warn(f"checkpoint was written with {lib} {saved_versions[lib]}, this run uses "
-                               f"{current_versions[lib]}: resume may not be bit-exact")
+            if saved.get(lib) and saved[lib] != current[lib]:
+                rank_zero_warn(f"checkpoint was written with {lib} {saved[lib]}, this run uses {current[lib]}: "
+                               "resume may not be bit-exact")
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._last_save_time = time.monotonic()
