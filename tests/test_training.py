@@ -22,16 +22,22 @@ def test_lr_rule_matches_formula_and_warmup() -> None:
     assert minimind_lr(10, 100, 1e-3, warmup_steps=10) == minimind_lr(10, 100, 1e-3)
 
 
-def test_uninterrupted_tiny_run_has_minimind_lrs_and_boundaries(tmp_path: Path) -> None:
+@pytest.mark.parametrize("variant", ["dense", "moe"])
+def test_uninterrupted_tiny_run_reproduces_minimind_run(tmp_path: Path, variant: str) -> None:
+    """Same seed, data, config as MiniMind's own run: same init, batches, LR, updates -> same losses."""
     need_shared()
-    run = run_cli(tmp_path, tiny_args(epochs=1, accumulate=2, save_interval=5))
+    run = run_cli(tmp_path, tiny_args(epochs=1, accumulate=2, save_interval=5, moe=variant == "moe"))
     assert run.returncode == 0, run.stderr[-3000:]
-    expected = json.loads((MINIMIND / "original_run" / "runs.json").read_text())["dense_full"]["steps"]
+    expected = json.loads((MINIMIND / "original_run" / "runs.json").read_text())[f"{variant}_full"]["steps"]
     assert [(1, s["step"]) for s in expected] == sorted(run.steps)
     for s in expected:
-        assert abs(float(run.steps[(1, s["step"])][3]) - s["lr"]) <= 1e-8
+        loss, _, aux_loss, lr = (float(x) for x in run.steps[(1, s["step"])])
+        assert abs(lr - s["lr"]) <= 1e-8
+        assert abs(loss - s["loss"]) <= 2e-4, (s["step"], loss, s["loss"])
+        assert abs(aux_loss - s["aux_loss"]) <= 2e-4
+    suffix = "_moe" if variant == "moe" else ""
     ckpts = sorted(p.name for p in (tmp_path / "checkpoints").glob("*.ckpt"))
-    assert ckpts == ["pretrain_64_e0_s10_g5.ckpt", "pretrain_64_e0_s12_g6.ckpt"]  # keep_last 2; 12/2 optimizer steps
+    assert ckpts == [f"pretrain_64{suffix}_e0_s10_g5.ckpt", f"pretrain_64{suffix}_e0_s12_g6.ckpt"]  # keep_last 2
 
 
 def test_trailing_partial_window_is_flushed_like_minimind(tmp_path: Path) -> None:
