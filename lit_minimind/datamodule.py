@@ -95,6 +95,8 @@ class MiniMindDataModule(L.LightningDataModule):
             raise ValueError(f"val_fraction {self.val_fraction} leaves no training records in {data}")
         self.train_dataset = Subset(full, range(len(full) - n_val)) if n_val else full
         self.val_dataset = Subset(full, range(len(full) - n_val, len(full))) if n_val else None
+        if self.val_dataset is None and self.trainer is not None:
+            self.trainer.limit_val_batches = 0  # no validation split: no validation loop at all
 
     def batches_per_epoch(self, world_size: int = 1) -> int:
         """MiniMind's ``iters`` on each rank: ``ceil(ceil(N / world_size) / batch_size)``."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,8 @@ def wandb_flush_often() -> None:
 
 def main(args: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # Lightning 2.6's own use of a torch API that torch 2.13 deprecates: noise for our users
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
     wandb_offline_without_credentials()
     wandb_flush_often()
     try:
@@ -104,6 +107,7 @@ def main(args: list[str] | None = None) -> int:
             parser_kwargs={"default_config_files": [str(DEFAULT_CONFIG)]},
             seed_everything_default=42,
             save_config_kwargs={"overwrite": True},
+            auto_configure_optimizers=False,  # AdamW + MiniMind's LR rule live in LitMiniMind
             trainer_defaults={"use_distributed_sampler": False, "log_every_n_steps": 1},
         )
         resume = next(cb for cb in cli.trainer.callbacks if isinstance(cb, ResumeCallback))
