@@ -60,6 +60,12 @@ def test_default_cli_trains_embedded_corpus_and_loss_falls(tmp_path: Path) -> No
     assert last <= 0.7 * first, (first, last)
     assert (tmp_path / "out" / "pretrain_128.pth").exists()
     assert (tmp_path / "checkpoints" / "pretrain_128_resume.pth").exists()
+    # and the trained model writes text through `python -m lit_minimind.generate`
+    gen = subprocess.run([sys.executable, "-m", "lit_minimind.generate", "out/pretrain_128.pth", "--prompt", "The ",
+                          "--temperature", "0", "--max_new_tokens", "20"], cwd=tmp_path, env=cli_env(),
+                         capture_output=True, text=True, timeout=120)
+    assert gen.returncode == 0, gen.stderr[-2000:]
+    assert gen.stdout.startswith("The ") and len(gen.stdout.strip()) > len("The ") + 10
 
 
 @pytest.mark.parametrize(
