@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,7 @@ class ResumeCallback(Checkpoint):
         self.stopped_by: str | None = None
         self.best_val_loss: float | None = None
         self._last_trained: tuple[int, int] | None = None
+        self.run_id = uuid.uuid4().hex[:12]  # carried across resumes; prune touches only this run's files
         self._last_saved: tuple[int, int] | None = None
 
     @property
@@ -138,8 +140,12 @@ class ResumeCallback(Checkpoint):
         if saved_world != world:
             rank_zero_info(f"world size changed ({saved_world}→{world}): step {saved_step} → {step}")
         iters = trainer.datamodule.batches_per_epoch(world)
-        if step > iters:
+        saved_iters = int(state.get("iters") or trainer.datamodule.batches_per_epoch(saved_world))
+        if saved_world == world and step > iters:
             raise CheckpointError(f"checkpoint is at step {step} of epoch {epoch + 1}, but an epoch has only {iters} batches here")
+        if saved_step >= saved_iters:  # the epoch was complete, whatever its length on this world size
+            step = iters
+        step = min(step, iters)
         global_step = state.get("global_step")
         if global_step is None:  # original MiniMind file: count its optimizer steps
             global_step = epoch * math.ceil(iters / trainer.accumulate_grad_batches) + step // trainer.accumulate_grad_batches
@@ -160,7 +166,11 @@ class ResumeCallback(Checkpoint):
             grads = None
         if isinstance(grads, list):  # one dict per rank (DDP)
             grads = grads[trainer.global_rank]
-        self._pending_restore = {"rng": state.get("rng"), "grads": grads}
+        rng = state.get("rng")
+        if isinstance(rng, list):  # one per rank (DDP): each rank its own, when the world is the same
+            rng = rng[trainer.global_rank] if saved_world == world else rng[0]
+        self.run_id = state.get("run_id") or self.run_id
+        self._pending_restore = {"rng": rng, "grads": grads}
 
     @staticmethod
     def _loops_at(trainer: L.Trainer, epoch: int, step: int, iters: int, global_step: int) -> dict[str, Any] | None:
@@ -185,9 +195,15 @@ class ResumeCallback(Checkpoint):
     def check_same_data(trainer: L.Trainer, state: dict[str, Any]) -> None:
         """Fail before any training on another dataset (model shapes: ``LitMiniMind.on_load_checkpoint``)."""
         saved_len, dataset = state.get("dataset_len"), getattr(trainer.datamodule, "train_dataset", None)
+        problems = []
         if saved_len is not None and dataset is not None and saved_len != len(dataset):
+            problems.append(f"dataset length: checkpoint {saved_len} samples, this run {len(dataset)}")
+        saved_batch, batch = state.get("batch_size"), getattr(trainer.datamodule, "batch_size", None)
+        if saved_batch is not None and batch is not None and saved_batch != batch:
+            problems.append(f"batch size: checkpoint {saved_batch}, this run {batch} (a step would mean other samples)")
+        if problems:
             raise CheckpointError("checkpoint does not match this run (resume needs the same data):\n  "
-                                  f"dataset length: checkpoint {saved_len} samples, this run {len(dataset)}")
+                                  + "\n  ".join(problems))
 
     @staticmethod
     def warn_other_versions(state: dict[str, Any]) -> None:
@@ -200,6 +216,9 @@ class ResumeCallback(Checkpoint):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._last_save_time = time.monotonic()
         self.stop_request.install()
+        if getattr(trainer, "received_sigterm", False):  # arrived before our handler: Lightning's caught it
+            trainer.received_sigterm = False
+            self.stop_request.signal_name = "SIGTERM"
         self.describe_wandb_run(trainer)
         pending, self._pending_restore = self._pending_restore, None
         if not pending:
@@ -226,6 +245,7 @@ class ResumeCallback(Checkpoint):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Training ended between save points (``max_steps``, ``max_time``): save where it stopped."""
+        self.stop_request.uninstall()  # before Lightning restores the process's original handlers
         if self._last_trained is not None and self._last_trained != self._last_saved:
             self.save(trainer, pl_module, *self._last_trained, at_train_end=True)
 
@@ -253,7 +273,12 @@ class ResumeCallback(Checkpoint):
     # ------------------------------------------------------------------ actions
     def save(self, trainer: L.Trainer, pl_module: L.LightningModule, epoch: int, step: int,
              at_train_end: bool = False) -> None:
-        """Write the Lightning checkpoint and MiniMind's two files for the state after ``step``."""
+        """Write MiniMind's two files, then the Lightning checkpoint, for the state after ``step``.
+
+        The Lightning checkpoint goes last: it is the commit record, so a kill anywhere in a save
+        leaves either the previous position complete, or MiniMind's resume file (which resumes
+        exactly too) one step ahead. A failed write stops every rank with the reason.
+        """
         iters = int(trainer.num_training_batches)
         self.wandb_id = self._current_wandb_id(trainer) or self.wandb_id
         grads = self._partial_grads(trainer, pl_module) if self.is_mid_window(trainer, step, iters) else None
@@ -263,30 +288,51 @@ class ResumeCallback(Checkpoint):
             "world_size": trainer.world_size,
             "wandb_id": self.wandb_id,
             "global_step": trainer.global_step,
-            "rng": rng_state(),
+            "rng": self._gather(trainer, rng_state()),
             "grads": grads,
             "iters": iters,
+            "batch_size": getattr(trainer.datamodule, "batch_size", None),
             "format": FORMAT_VERSION,
             "dataset_len": len(trainer.datamodule.train_dataset) if trainer.datamodule is not None else None,
             "versions": library_versions(),
             "best_val_loss": self.best_val_loss,
             "saved_at_train_end": at_train_end,
+            "run_id": self.run_id,
         }
-        lightning_path = self.lightning_path(pl_module, epoch, step, trainer.global_step)
-        try:
-            trainer.save_checkpoint(lightning_path, weights_only=False)  # collective; rank 0 writes via SafeCheckpointIO
-            if trainer.is_global_zero:
+        error: OSError | None = None
+        if trainer.is_global_zero:
+            try:
                 self._save_minimind_files(trainer, pl_module)
-                self.prune(pl_module)
-        except OSError as err:  # ENOSPC, EFBIG, EACCES, ...: never train on without checkpoints
-            raise CheckpointError(
-                f"could not save the checkpoint at epoch {epoch + 1} step {step}: {err}. Training stopped; "
-                f"the previous checkpoints in {self.ckpt_dir}/ and {self.out_dir}/ are intact "
-                "(free space or fix permissions, then resume with --ckpt_path last)"
-            ) from err
+            except OSError as err:  # ENOSPC, EFBIG, EACCES, EROFS, ...
+                error = err
+        self._raise_if_failed(trainer, error, epoch, step)
+        io = trainer.strategy.checkpoint_io
+        trainer.save_checkpoint(self.lightning_path(pl_module, epoch, step, trainer.global_step), weights_only=False)
+        self._raise_if_failed(trainer, getattr(io, "take_error", lambda: None)(), epoch, step)
+        if trainer.is_global_zero:
+            self.prune(pl_module)
         trainer.strategy.barrier("ResumeCallback.save")
         self._last_save_time = time.monotonic()
         self._last_saved = (epoch, step)
+
+    def _raise_if_failed(self, trainer: L.Trainer, error: OSError | None, epoch: int, step: int) -> None:
+        """Never train on without checkpoints: rank 0's write error stops every rank."""
+        message = trainer.strategy.broadcast(str(error) if error else None, src=0)
+        if message:
+            raise CheckpointError(
+                f"could not save the checkpoint at epoch {epoch + 1} step {step}: {message}. Training stopped; "
+                f"the previous checkpoints in {self.ckpt_dir}/ and {self.out_dir}/ are intact "
+                "(free space or fix permissions, then resume with --ckpt_path last)"
+            )
+
+    @staticmethod
+    def _gather(trainer: L.Trainer, value: Any) -> Any:
+        """``value`` of every rank (a list) under DDP, else ``value``."""
+        if trainer.world_size == 1 or not dist.is_initialized():
+            return value
+        gathered: list[Any] = [None] * trainer.world_size
+        dist.all_gather_object(gathered, value)
+        return gathered
 
     def _save_minimind_files(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         model = unwrap_model(pl_module)
@@ -317,18 +363,16 @@ class ResumeCallback(Checkpoint):
         self.saved_files = [weights, resume]
 
     def prune(self, pl_module: L.LightningModule) -> None:
-        """Keep only the newest ``keep_last`` Lightning checkpoints of this run's name."""
-        ckpts = sorted(self.ckpt_dir.glob(f"{self.stem(pl_module)}_e*_s*_g*.ckpt"), key=progress_key, reverse=True)
-        for old in ckpts[self.keep_last :]:
+        """Keep the newest ``keep_last`` Lightning checkpoints of this run (never another run's files)."""
+        ours = [p for p in self.ckpt_dir.glob(f"{self.stem(pl_module)}_e*_s*_g*.ckpt")
+                if read_manifest(p).get("run_id") == self.run_id]
+        for old in sorted(ours, key=save_order_key, reverse=True)[self.keep_last :]:
             SafeCheckpointIO().remove_checkpoint(old)
 
     def _partial_grads(self, trainer: L.Trainer, pl_module: L.LightningModule) -> Any:
+        # DDP accumulates locally (no_sync) until the window ends: keep every rank's part
         local = {n: p.grad.detach().cpu().clone() for n, p in pl_module.named_parameters() if p.grad is not None}
-        if trainer.world_size == 1 or not dist.is_initialized():
-            return local
-        gathered: list[Any] = [None] * trainer.world_size
-        dist.all_gather_object(gathered, local)  # DDP accumulates locally: keep every rank's part
-        return gathered
+        return self._gather(trainer, local)
 
     @staticmethod
     def _wandb_logger(trainer: L.Trainer) -> Any:
@@ -373,45 +417,34 @@ class ResumeCallback(Checkpoint):
             run.config.update({f"resume_at_global_step_{self.resumed_from['global_step']}": record}, allow_val_change=True)
 
 
-def progress_key(path: Path) -> tuple[int, int, int, float]:
-    """Sort key of a checkpoint by training progress: (epoch, samples-ish step, global step, mtime)."""
-    meta: dict[str, Any] = {}
+def read_manifest(path: Path) -> dict[str, Any]:
     try:
-        meta = json.loads(manifest_path(path).read_text())
+        return json.loads(manifest_path(path).read_text())
     except (OSError, ValueError):
-        pass
-    epoch = int(meta.get("epoch", -1))
-    step = int(meta.get("step", -1)) * int(meta.get("world_size", 1) or 1)
-    global_step = int(meta.get("global_step", -1) if meta.get("global_step") is not None else -1)
-    mtime = path.stat().st_mtime if path.exists() else 0.0
-    return epoch, step, global_step, mtime
+        return {}
+
+
+def save_order_key(path: Path) -> tuple[int, bool]:
+    """When a checkpoint was saved (manifest time, else file mtime); on a tie the Lightning one first."""
+    saved_at = read_manifest(path).get("saved_at")
+    if saved_at is None:
+        saved_at = path.stat().st_mtime_ns if path.exists() else 0
+    return int(saved_at), path.suffix == ".ckpt"
 
 
 def resolve_last(ckpt_dir: str | Path, stem: str) -> Path | None:
-    """The newest valid resume checkpoint of ``stem`` in ``ckpt_dir``, or ``None``.
+    """The most recently saved valid resume checkpoint of ``stem`` in ``ckpt_dir``, or ``None``.
 
-    Candidates: our Lightning checkpoints and MiniMind's ``{stem}_resume.pth``. A file that is
-    truncated, corrupted or unreadable is skipped with a warning naming it and the reason.
-    On equal progress the Lightning checkpoint is preferred.
+    Candidates: our Lightning checkpoints and MiniMind's ``{stem}_resume.pth`` (ours, or one
+    written by original MiniMind). The newest save wins, as Lightning's own ``last`` does; a
+    file that is truncated, corrupted or unreadable is skipped with a warning naming it and why.
     """
     ckpt_dir = Path(ckpt_dir)
     _, minimind_resume = checkpoint_paths(ckpt_dir, *_split_stem(stem))
     candidates = list(ckpt_dir.glob(f"{stem}_e*_s*_g*.ckpt"))
     if minimind_resume.exists():
         candidates.append(minimind_resume)
-    keyed = []
-    for path in candidates:
-        key = progress_key(path)
-        if key[0] < 0:  # no manifest (original MiniMind's file, or a torn save): read its position
-            try:
-                ckpt = read_checkpoint(path, verify=False)
-            except CheckpointError as err:
-                rank_zero_warn(f"skipping checkpoint {err}")
-                continue
-            state = ckpt.get("callbacks", {}).get(RESUME_STATE_KEY, ckpt)
-            key = (int(state.get("epoch", 0)), int(state.get("step", 0)) * int(state.get("world_size") or 1), -1, key[3])
-        keyed.append((key[:3], path.suffix == ".ckpt", key[3], path))
-    for *_, path in sorted(keyed, key=lambda k: k[:3], reverse=True):
+    for path in sorted(candidates, key=save_order_key, reverse=True):
         try:
             read_checkpoint(path) if not manifest_path(path).exists() else _verify_only(path)
         except CheckpointError as err:

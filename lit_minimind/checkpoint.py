@@ -20,6 +20,7 @@ import logging
 import os
 import pickle
 import platform
+import time
 import zlib
 from collections.abc import Mapping
 from pathlib import Path
@@ -145,7 +146,8 @@ def atomic_save(obj: Any, path: str | os.PathLike, meta: Mapping[str, Any] | Non
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    manifest = {"file": path.name, "size": writer.size, "crc32": f"{writer.crc32:08x}", **(meta or {})}
+    manifest = {"file": path.name, "size": writer.size, "crc32": f"{writer.crc32:08x}", "saved_at": time.time_ns(),
+                **(meta or {})}
     mtmp = manifest_path(path).with_suffix(".tmp")
     with open(mtmp, "w") as f:
         json.dump(manifest, f, indent=1)

@@ -6,9 +6,10 @@ import math
 from pathlib import Path
 
 import lightning as L
+import torch
 from torch.utils.data import DataLoader, Subset
 
-from lit_minimind.sampler import EpochShardSampler, ResumableBatchSampler
+from lit_minimind.sampler import MINIMIND_SEED, EpochShardSampler, ResumableBatchSampler
 
 
 class ResumableDataLoader(DataLoader):
@@ -126,6 +127,9 @@ class MiniMindDataModule(L.LightningDataModule):
             num_workers=self.num_workers,
             persistent_workers=False,
             pin_memory=trainer is not None and trainer.accelerator.__class__.__name__ == "CUDAAccelerator",
+            # its own generator: creating an iterator must not draw from the global RNG, which the
+            # model (dropout) uses and whose state a checkpoint restores
+            generator=torch.Generator().manual_seed(MINIMIND_SEED),
         )
 
     def val_dataloader(self) -> DataLoader | list:

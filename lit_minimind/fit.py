@@ -14,6 +14,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import torch
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_warn
 
@@ -122,6 +123,8 @@ def main(args: list[str] | None = None) -> int:
     log_dir = cli.trainer.log_dir  # a collective under DDP: every rank asks
     if cli.trainer.is_global_zero:
         print(summary(cli, resume, console, log_dir), flush=True)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()  # a clean exit for every rank
     return 0
 
 

@@ -109,10 +109,24 @@ def fit_loop_state_at(
 class SafeCheckpointIO(TorchCheckpointIO):
     """Lightning checkpoint I/O: atomic, verified writes; ``weights_only`` reads; MiniMind files."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._error: OSError | None = None
+
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        """Atomic write; an OSError is kept for :meth:`take_error` instead of raised, so that rank 0
+        still reaches Lightning's barrier and the failure can stop every rank together."""
         state = (checkpoint.get("callbacks") or {}).get(RESUME_STATE_KEY) or {}
-        meta = {"kind": "lightning", **{k: state[k] for k in ("epoch", "step", "world_size", "global_step", "wandb_id") if k in state}}
-        atomic_save(checkpoint, path, meta)
+        keys = ("epoch", "step", "world_size", "global_step", "wandb_id", "run_id")
+        try:
+            atomic_save(checkpoint, path, {"kind": "lightning", **{k: state[k] for k in keys if k in state}})
+        except OSError as err:
+            self._error = err
+
+    def take_error(self) -> OSError | None:
+        """The error of the last failed save (then cleared), or None."""
+        error, self._error = self._error, None
+        return error
 
     def load_checkpoint(self, path: Any, map_location: Any | None = None, weights_only: bool | None = None) -> dict[str, Any]:
         ckpt = read_checkpoint(path, map_location or "cpu")

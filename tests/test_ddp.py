@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from conftest import cli_env, need_shared, run_cli, tiny_args
+from conftest import TINY_JSONL, cli_env, need_shared, run_cli, tiny_args
 
 
 
@@ -49,3 +49,16 @@ def test_ddp_killed_and_resumed_on_two_and_on_one(tmp_path: Path) -> None:
     assert sorted(single.steps) == [(1, 11), (1, 12)] + [(2, s) for s in range(1, 13)]
     resume = torch.load(one_dir / "checkpoints" / "pretrain_64_resume.pth", weights_only=True)
     assert resume["world_size"] == 1 and resume["epoch"] == 1 and resume["step"] == 12
+
+
+def test_epoch_end_checkpoint_resumes_on_another_world_size_at_the_next_epoch(tmp_path: Path) -> None:
+    """41 samples: 6 batches per rank on 2 ranks but 11 on 1: the finished epoch stays finished."""
+    need_shared()
+    data = tmp_path / "odd.jsonl"
+    data.write_text("".join(TINY_JSONL.read_text().splitlines(True)[:41]))
+    two = run_cli(tmp_path, tiny_args(epochs=1, devices=2) + ["--data.data_path", str(data)])
+    assert two.returncode == 0, two.stderr[-3000:]
+    one = run_cli(tmp_path, tiny_args(epochs=2) + ["--data.data_path", str(data), "--ckpt_path", "last"])
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert "world size changed (2→1)" in one.stderr and "resuming at the start of epoch 2" in one.stderr
+    assert sorted(one.steps) == [(2, s) for s in range(1, 12)]

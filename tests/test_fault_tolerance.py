@@ -169,3 +169,23 @@ def test_read_only_checkpoint_dir_after_a_good_save_keeps_it(tmp_path: Path) -> 
     assert "could not save the checkpoint" in proc.stderr
     assert "Read-only file system" in proc.stderr or "Permission denied" in proc.stderr
     assert {p.name: p.read_bytes() for p in ckpt_dir.iterdir() if p.name in before} == before
+
+
+def test_fresh_run_beside_an_older_runs_files_resumes_itself_and_keeps_them(tmp_path: Path) -> None:
+    need_shared()
+    old = run_cli(tmp_path, tiny_args(epochs=2, save_interval=5))
+    assert old.returncode == 0
+    old_ckpts = {p.name for p in (tmp_path / "checkpoints").glob("*.ckpt")}
+    args = tiny_args(epochs=2, save_interval=5) + ["--model.learning_rate", "1e-3"]
+    new = run_cli(tmp_path, args, kill_after_lines=11)  # a fresh run; its step-10 save is done
+    assert new.returncode == -9
+    resumed = run_cli(tmp_path, args + ["--ckpt_path", "last"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming epoch 1 at step 11/12: skipping 10 trained batches" in resumed.stderr
+    assert old_ckpts <= {p.name for p in (tmp_path / "checkpoints").glob("*.ckpt")}, "another run's files were pruned"
+
+
+def test_resume_with_other_batch_size_fails(tmp_path: Path) -> None:
+    ckpt_dir, args = _partial_run(tmp_path)
+    run = run_cli(tmp_path, args + ["--ckpt_path", "last", "--data.batch_size", "6"])
+    assert run.returncode == 2 and "batch size: checkpoint 4, this run 6" in run.stderr

@@ -80,3 +80,21 @@ def test_kill_anywhere_resume_is_bit_identical(tmp_path: Path, name: str) -> Non
     if name == "fp16_scaler":
         assert resume["scaler"]["scale"] == ref_resume["scaler"]["scale"]
         assert ref_resume["scaler"]["_growth_tracker"] == resume["scaler"]["_growth_tracker"]
+
+
+@pytest.mark.parametrize("write", [16, 17, 18])  # the last save's fp16 export, resume file, Lightning ckpt
+def test_kill_inside_the_final_save_still_ends_with_final_files(tmp_path: Path, write: int) -> None:
+    need_shared()
+    args = tiny_args(epochs=2, accumulate=2, save_interval=5)  # saves at 5, 10, 12 per epoch: 6 x 3 writes
+    ref_dir, run_dir = tmp_path / "ref", tmp_path / "run"
+    ref_dir.mkdir(), run_dir.mkdir()
+    assert run_cli(ref_dir, args).returncode == 0
+    killed = run_cli(run_dir, args + ["--ckpt_path", "last"], env=cli_env(LIT_MINIMIND_TEST_STOP_IN_SAVE=str(write)))
+    assert killed.returncode == -9 and "@@stopped-in-save" in killed.stdout
+    done = run_cli(run_dir, args + ["--ckpt_path", "last"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    ref_weights, ref_resume = final_state(ref_dir, False)
+    weights, resume = final_state(run_dir, False)
+    assert_same_tensors(weights, ref_weights)
+    assert_same_tensors(resume["lit_minimind"]["model_fp32"], ref_resume["lit_minimind"]["model_fp32"])
+    assert (resume["epoch"], resume["step"]) == (1, 12)
