@@ -235,13 +235,27 @@ class ResumeCallback(Checkpoint):
         step, iters = batch_idx + 1, int(trainer.num_training_batches)
         self._last_trained = (trainer.current_epoch, step)
         stop = self.should_stop(trainer, step, iters)
-        if stop or self.should_save(trainer, step, iters):
+        if stop or (self.should_save(trainer, step, iters) and not self.validates_after(trainer, step, iters)):
             self.save(trainer, pl_module, trainer.current_epoch, step)
         if stop:
             self.stopped_by = self.stop_request.signal_name or "a signal on another rank"
             trainer.should_stop = True
+            trainer.limit_val_batches = 0  # no validation in a preemption's grace period
             rank_zero_info(f"stopped by {self.stopped_by} after epoch {trainer.current_epoch + 1} step {step}/{iters}; "
                            "checkpoint saved. Resume with the same command plus --ckpt_path last")
+
+    @staticmethod
+    def validates_after(trainer: L.Trainer, step: int, iters: int) -> bool:
+        """The epoch's last batch is followed by validation: save after it (``on_train_epoch_end``),
+        so a resume does not skip that validation."""
+        every = trainer.check_val_every_n_epoch
+        return step == iters and trainer.enable_validation and (every is None or (trainer.current_epoch + 1) % every == 0)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._last_trained is not None and self._last_trained != self._last_saved:
+            epoch, step = self._last_trained
+            if step == int(trainer.num_training_batches):  # deferred past validation
+                self.save(trainer, pl_module, epoch, step)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Training ended between save points (``max_steps``, ``max_time``): save where it stopped."""

@@ -150,3 +150,16 @@ def test_stop_by_max_steps_saves_where_it_stopped(tmp_path: Path) -> None:
     assert rest.returncode == 0, rest.stderr[-3000:]
     assert sorted(rest.steps) == [(1, s) for s in range(7, 13)]
     assert "resuming epoch 1 at step 7/12: skipping 6 trained batches" in rest.stderr
+
+
+def test_validation_split_resume_at_epoch_end_keeps_each_validation(tmp_path: Path) -> None:
+    need_shared()
+    args = tiny_args(epochs=1, accumulate=1, save_interval=100) + ["--data.val_fraction", "0.25"]
+    first = run_cli(tmp_path, args)
+    assert first.returncode == 0 and first.stderr.count("new best val_loss") == 1
+    more = [a if a != "1" or args[i - 1] != "--trainer.max_epochs" else "2" for i, a in enumerate(args)]
+    second = run_cli(tmp_path, more + ["--ckpt_path", "last"])
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resuming at the start of epoch 2" in second.stderr
+    assert sorted(second.steps) == [(2, s) for s in range(1, 10)]
+    assert second.stderr.count("new best val_loss") == 1  # epoch 2's validation ran (and beat epoch 1's)
