@@ -121,11 +121,12 @@ def _test_pause_in_save(tmp: Path) -> None:
 
 
 def atomic_save(obj: Any, path: str | os.PathLike, meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """``torch.save`` to ``path`` atomically and record a manifest beside it.
+    """``torch.save`` to ``path`` atomically, with a manifest (size, CRC-32) beside it.
 
-    The previous file stays intact until the new one is complete on disk. Any failure
-    (ENOSPC, EFBIG, EACCES, a kill) leaves at most a ``.tmp`` file behind, which the next
-    successful save of the same path replaces. Returns the manifest.
+    Order: data to a tmp file (fsync), manifest (fsync, atomic), ``os.replace`` of the data, fsync
+    of the directory. The manifest also lists the file it replaces, so at every moment the file
+    on disk - old or new - matches its manifest. Any failure (ENOSPC, EFBIG, EACCES, a kill)
+    leaves the previous file intact, at most with a ``.tmp`` beside it. Returns the manifest.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -141,21 +142,31 @@ def atomic_save(obj: Any, path: str | os.PathLike, meta: Mapping[str, Any] | Non
                 raise
             f.flush()
             os.fsync(f.fileno())
+        previous = _read_json(manifest_path(path)) if path.exists() else {}
+        manifest = {"file": path.name, "size": writer.size, "crc32": f"{writer.crc32:08x}",
+                    "saved_at": time.time_ns(), **(meta or {})}
+        if "size" in previous and "crc32" in previous:
+            manifest["replaces"] = {"size": previous["size"], "crc32": previous["crc32"]}
+        mtmp = manifest_path(path).with_suffix(".tmp")
+        with open(mtmp, "w") as f:
+            json.dump(manifest, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(mtmp, manifest_path(path))
         _test_pause_in_save(tmp)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    manifest = {"file": path.name, "size": writer.size, "crc32": f"{writer.crc32:08x}", "saved_at": time.time_ns(),
-                **(meta or {})}
-    mtmp = manifest_path(path).with_suffix(".tmp")
-    with open(mtmp, "w") as f:
-        json.dump(manifest, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(mtmp, manifest_path(path))
     _fsync_dir(path.parent)
     return manifest
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -233,26 +244,28 @@ def save_resume_checkpoint(
 
 
 def _verify_manifest(path: Path) -> None:
-    """Check size and CRC-32 against the manifest written beside the file, if there is one."""
+    """Check size and CRC-32 against the manifest beside the file (the new or the replaced file's)."""
     mpath = manifest_path(path)
     if not mpath.exists():
         return
     try:
         manifest = json.loads(mpath.read_text())
-        expected_size, expected_crc = int(manifest["size"]), str(manifest["crc32"])
+        accepted = [(int(manifest["size"]), str(manifest["crc32"]))]
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise CheckpointError(f"{path}: its manifest {mpath.name} is unreadable ({err})") from err
+    if isinstance(manifest.get("replaces"), dict):  # a save interrupted between manifest and rename
+        accepted.append((int(manifest["replaces"]["size"]), str(manifest["replaces"]["crc32"])))
     size = path.stat().st_size
-    if size != expected_size:
+    if size not in {s for s, _ in accepted}:
         raise CheckpointError(
-            f"{path}: size {size} bytes differs from the {expected_size} bytes recorded when it was saved "
-            "(truncated, or replaced by an interrupted save)"
+            f"{path}: size {size} bytes differs from the {accepted[0][0]} bytes recorded when it was saved "
+            "(truncated, or damaged)"
         )
     crc = 0
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 22), b""):
             crc = zlib.crc32(chunk, crc)
-    if f"{crc:08x}" != expected_crc:
+    if (size, f"{crc:08x}") not in accepted:
         raise CheckpointError(f"{path}: checksum (crc32) differs from the one recorded when it was saved (corrupted)")
 
 

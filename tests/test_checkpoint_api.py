@@ -137,3 +137,19 @@ def test_read_checkpoint_explains_bad_files(tmp_path: Path) -> None:
     foreign.write_text("hello, I am not a checkpoint")
     with pytest.raises(CheckpointError, match="foreign.pth"):
         read_checkpoint(foreign)
+
+
+def test_manifest_accepts_the_file_it_replaces_until_the_rename(tmp_path: Path) -> None:
+    """A kill between writing the manifest and renaming the data leaves the old file: still valid."""
+    from lit_minimind.checkpoint import atomic_save
+
+    path = tmp_path / "x.pth"
+    atomic_save({"v": torch.zeros(10)}, path)
+    old_bytes = path.read_bytes()
+    atomic_save({"v": torch.ones(1000)}, path)
+    assert read_checkpoint(path)["v"].shape == (1000,)
+    path.write_bytes(old_bytes)  # the state a kill before os.replace leaves: new manifest, old file
+    assert read_checkpoint(path)["v"].shape == (10,)
+    path.write_bytes(old_bytes[:-10])
+    with pytest.raises(CheckpointError, match="size"):
+        read_checkpoint(path)
