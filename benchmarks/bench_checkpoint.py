@@ -27,7 +27,6 @@ Peak extra RSS of one save: ``VmHWM - VmRSS`` around it (the high-water mark is 
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import ctypes
 import gc
@@ -43,6 +42,7 @@ from typing import Any
 
 from benchmarks.common import (
     RESULTS_DIR,
+    bench_parser,
     alternating,
     cache_dir,
     default_data,
@@ -463,11 +463,7 @@ def run(quick: bool = False, results_dir: Path = RESULTS_DIR, reps: int | None =
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="toy size (smoke test)")
-    parser.add_argument("--reps", type=int, default=None, help="alternating repetitions (default 5, quick 2)")
-    parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default 1)")
+    parser = bench_parser(__doc__, "alternating repetitions (default 5, quick 2)")
     args = parser.parse_args(argv)
     run(args.quick, args.results_dir, args.reps, args.threads)
     return 0

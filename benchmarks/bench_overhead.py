@@ -28,7 +28,6 @@ port's cost per micro-batch, independent of model size.
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import functools
 import io
@@ -42,6 +41,7 @@ from typing import Any
 
 from benchmarks.common import (
     RESULTS_DIR,
+    bench_parser,
     alternating,
     default_data,
     environment,
@@ -487,12 +487,8 @@ def run(quick: bool = False, results_dir: Path = RESULTS_DIR, reps: int | None =
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="toy size (smoke test)")
-    parser.add_argument("--reps", type=int, default=None, help="alternating repetitions (default 5, quick 2)")
-    parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    parser = bench_parser(__doc__, "alternating repetitions (default 5, quick 2)")
     parser.add_argument("--profile", action="store_true", help="also write a cProfile of each side")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default 1)")
     args = parser.parse_args(argv)
     run(args.quick, args.results_dir, args.reps, args.profile, args.threads)
     return 0

@@ -18,7 +18,6 @@ without any checkpoint, for reference.
 
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import re
@@ -35,6 +34,7 @@ from typing import Any
 from benchmarks.common import (
     ROOT,
     RESULTS_DIR,
+    bench_parser,
     alternating,
     cache_dir,
     default_data,
@@ -279,11 +279,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="toy size (smoke test)")
-    parser.add_argument("--reps", type=int, default=None, help="rotated repetitions (default 5, quick 1)")
-    parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads of the CLI processes (default 1)")
+    parser = bench_parser(__doc__, "rotated repetitions (default 5, quick 1)")
     args = parser.parse_args(argv)
     run(args.quick, args.results_dir, args.reps, args.threads)
     return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import datetime as _dt
 import io
@@ -174,3 +175,13 @@ def set_threads(n: int | None) -> int:
     os.environ["OMP_NUM_THREADS"] = str(n)
     os.environ["MKL_NUM_THREADS"] = str(n)
     return n
+
+
+def bench_parser(doc: str, reps_help: str) -> argparse.ArgumentParser:
+    """The options every benchmark script takes: --quick, --reps, --results-dir, --threads."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="toy size (smoke test)")
+    parser.add_argument("--reps", type=int, default=None, help=reps_help)
+    parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default 1)")
+    return parser
