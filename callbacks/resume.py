@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -20,14 +19,15 @@ from lit_minimind.checkpoint import (
     EXTRA_KEY,
     FORMAT_VERSION,
     CheckpointError,
-    checkpoint_paths,
     checkpoint_stem,
     corrected_step,
     library_versions,
     manifest_path,
     read_checkpoint,
+    read_manifest,
     save_resume_checkpoint,
     unwrap_model,
+    verify_manifest,
 )
 from callbacks.preemption import StopRequest
 from lit_minimind.lightning_io import RESUME_STATE_KEY, SafeCheckpointIO, fit_loop_state_at, rng_state, set_rng_state
@@ -431,13 +431,6 @@ class ResumeCallback(Checkpoint):
             run.config.update({f"resume_at_global_step_{self.resumed_from['global_step']}": record}, allow_val_change=True)
 
 
-def read_manifest(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(manifest_path(path).read_text())
-    except (OSError, ValueError):
-        return {}
-
-
 def save_order_key(path: Path) -> tuple[int, bool]:
     """When a checkpoint was saved (manifest time, else file mtime); on a tie the Lightning one first."""
     saved_at = read_manifest(path).get("saved_at")
@@ -454,28 +447,15 @@ def resolve_last(ckpt_dir: str | Path, stem: str) -> Path | None:
     file that is truncated, corrupted or unreadable is skipped with a warning naming it and why.
     """
     ckpt_dir = Path(ckpt_dir)
-    _, minimind_resume = checkpoint_paths(ckpt_dir, *_split_stem(stem))
+    minimind_resume = ckpt_dir / f"{stem}_resume.pth"  # checkpoint_paths' name, from the stem
     candidates = list(ckpt_dir.glob(f"{stem}_e*_s*_g*.ckpt"))
     if minimind_resume.exists():
         candidates.append(minimind_resume)
     for path in sorted(candidates, key=save_order_key, reverse=True):
         try:
-            read_checkpoint(path) if not manifest_path(path).exists() else _verify_only(path)
+            verify_manifest(path) if manifest_path(path).exists() else read_checkpoint(path)
         except CheckpointError as err:
             rank_zero_warn(f"skipping checkpoint {err}")
             continue
         return path
     return None
-
-
-def _verify_only(path: Path) -> None:
-    from lit_minimind.checkpoint import _verify_manifest
-
-    _verify_manifest(path)
-
-
-def _split_stem(stem: str) -> tuple[str, int, bool]:
-    use_moe = stem.endswith("_moe")
-    base = stem[: -len("_moe")] if use_moe else stem
-    weight, _, hidden = base.rpartition("_")
-    return weight, int(hidden), use_moe

@@ -142,7 +142,7 @@ def atomic_save(obj: Any, path: str | os.PathLike, meta: Mapping[str, Any] | Non
                 raise
             f.flush()
             os.fsync(f.fileno())
-        previous = _read_json(manifest_path(path)) if path.exists() else {}
+        previous = read_manifest(path) if path.exists() else {}
         manifest = {"file": path.name, "size": writer.size, "crc32": f"{writer.crc32:08x}",
                     "saved_at": time.time_ns(), **(meta or {})}
         if "size" in previous and "crc32" in previous:
@@ -162,9 +162,10 @@ def atomic_save(obj: Any, path: str | os.PathLike, meta: Mapping[str, Any] | Non
     return manifest
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
+    """The manifest saved beside ``path`` ({} when absent or unreadable)."""
     try:
-        return json.loads(path.read_text())
+        return json.loads(manifest_path(path).read_text())
     except (OSError, ValueError):
         return {}
 
@@ -243,7 +244,7 @@ def save_resume_checkpoint(
 # ----------------------------------------------------------------------------- reading
 
 
-def _verify_manifest(path: Path) -> None:
+def verify_manifest(path: Path) -> None:
     """Check size and CRC-32 against the manifest beside the file (the new or the replaced file's)."""
     mpath = manifest_path(path)
     if not mpath.exists():
@@ -283,7 +284,7 @@ def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     if path.stat().st_size == 0:
         raise CheckpointError(f"{path}: is empty (0 bytes); an interrupted or failed save?")
     if verify:
-        _verify_manifest(path)
+        verify_manifest(path)
     try:
         obj = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
@@ -305,14 +306,9 @@ def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
 
 def peek_wandb_id(path: str | os.PathLike) -> str | None:
     """The wandb run id stored with a checkpoint: from its manifest, else from the file itself."""
-    mpath = manifest_path(path)
-    if mpath.exists():
-        try:
-            meta = json.loads(mpath.read_text())
-            if "wandb_id" in meta:
-                return meta["wandb_id"]
-        except ValueError:
-            pass
+    meta = read_manifest(path)
+    if "wandb_id" in meta:
+        return meta["wandb_id"]
     ckpt = read_checkpoint(path)
     state = (ckpt.get("callbacks") or {}).get("ResumeCallback") or ckpt
     return state.get("wandb_id")
