@@ -1,6 +1,7 @@
 """lit-minimind's Lightning callbacks."""
 
 from callbacks.console import MiniMindConsole, format_minimind_line
-from callbacks.resume import ResumeCallback, resolve_last
+from callbacks.files import CheckpointFiles, resolve_last
+from callbacks.resume import ResumeCallback
 
-__all__ = ["ResumeCallback", "MiniMindConsole", "format_minimind_line", "resolve_last"]
+__all__ = ["ResumeCallback", "CheckpointFiles", "MiniMindConsole", "format_minimind_line", "resolve_last"]

@@ -39,7 +39,7 @@ class MiniMindConsole(Callback):
             raise ValueError(f"log_interval must be >= 1, got {log_interval}")
         self.log_interval = log_interval
         self.first_loss: float | None = None
-        self.last_loss: float | None = None
+        self._last_loss: Any = None  # the last micro-batch's loss tensor: converted once, in last_loss
         self.batches = 0
         self.tokens = 0
         self.train_seconds = 0.0
@@ -63,6 +63,7 @@ class MiniMindConsole(Callback):
         stats = pl_module.last_stats
         if self.first_loss is None:
             self.first_loss = float(stats["loss"])
+        self._last_loss = stats["loss"]
         start_time, start_idx = self._epoch_start
         spent = time.perf_counter() - start_time
         eta_min = spent / max(batch_idx + 1 - start_idx, 1) * (iters - step) // 60
@@ -71,11 +72,15 @@ class MiniMindConsole(Callback):
         if not (step % self.log_interval == 0 or step == iters):
             return
         loss, aux = float(stats["loss"]), float(stats["aux_loss"])
-        self.last_loss = loss
         if not trainer.is_global_zero:
             return
         print(format_minimind_line(trainer.current_epoch, trainer.max_epochs or 1, step, iters, loss, loss - aux,
                                    aux, float(stats["lr"]), eta_min), flush=True)
+
+    @property
+    def last_loss(self) -> float | None:
+        """The loss of the last trained micro-batch of this run (None before the first)."""
+        return None if self._last_loss is None else float(self._last_loss)
 
     @staticmethod
     def log_micro_batch(trainer: L.Trainer, stats: dict[str, Any], **extra: float) -> None:

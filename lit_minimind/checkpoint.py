@@ -20,6 +20,7 @@ import logging
 import os
 import pickle
 import platform
+import shutil
 import time
 import zlib
 from collections.abc import Mapping
@@ -29,6 +30,8 @@ from typing import Any, BinaryIO
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from lit_minimind.position import corrected_step
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +50,13 @@ class CheckpointError(RuntimeError):
 
 def checkpoint_paths(save_dir: str | os.PathLike, weight: str, hidden_size: int, use_moe: bool = False) -> tuple[Path, Path]:
     """MiniMind's names: ``(save_dir/{weight}_{hidden}{_moe}.pth, save_dir/..._resume.pth)``."""
-    stem = checkpoint_stem(weight, hidden_size, use_moe)
-    return Path(save_dir) / f"{stem}.pth", Path(save_dir) / f"{stem}_resume.pth"
+    weights, resume = minimind_file_names(checkpoint_stem(weight, hidden_size, use_moe))
+    return Path(save_dir) / weights, Path(save_dir) / resume
+
+
+def minimind_file_names(stem: str) -> tuple[str, str]:
+    """MiniMind's two file names for a stem: the fp16 export and the resume checkpoint."""
+    return f"{stem}.pth", f"{stem}_resume.pth"
 
 
 def checkpoint_stem(weight: str, hidden_size: int, use_moe: bool = False) -> str:
@@ -121,7 +129,7 @@ def _test_pause_in_save(tmp: Path) -> None:
 
 
 def atomic_save(obj: Any, path: str | os.PathLike, meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """``torch.save`` to ``path`` atomically, with a manifest (size, CRC-32) beside it.
+    """The one writer: ``torch.save`` to ``path`` atomically, with a manifest (size, CRC-32) beside it.
 
     Order: data to a tmp file (fsync), manifest (fsync, atomic), ``os.replace`` of the data, fsync
     of the directory. The manifest also lists the file it replaces, so at every moment the file
@@ -142,22 +150,45 @@ def atomic_save(obj: Any, path: str | os.PathLike, meta: Mapping[str, Any] | Non
                 raise
             f.flush()
             os.fsync(f.fileno())
-        previous = read_manifest(path) if path.exists() else {}
-        manifest = {"file": path.name, "size": writer.size, "crc32": f"{writer.crc32:08x}",
-                    "saved_at": time.time_ns(), **(meta or {})}
-        if "size" in previous and "crc32" in previous:
-            manifest["replaces"] = {"size": previous["size"], "crc32": previous["crc32"]}
-        mtmp = manifest_path(path).with_suffix(".tmp")
-        with open(mtmp, "w") as f:
-            json.dump(manifest, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(mtmp, manifest_path(path))
-        _test_pause_in_save(tmp)
-        os.replace(tmp, path)
+        return _commit(tmp, path, {"size": writer.size, "crc32": f"{writer.crc32:08x}", **(meta or {})})
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def atomic_link(source: str | os.PathLike, path: str | os.PathLike) -> dict[str, Any]:
+    """Make ``path`` the same file as ``source`` (a hard link: no bytes written; a copy where the
+    filesystem has no hard links), atomically, with ``source``'s manifest."""
+    source, path = Path(source), Path(path)
+    tmp = path.with_name(f"{path.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        try:
+            os.link(source, tmp)
+        except OSError:
+            shutil.copyfile(source, tmp)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+        return _commit(tmp, path, {k: v for k, v in read_manifest(source).items() if k not in ("file", "replaces")})
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _commit(tmp: Path, path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Manifest (listing the file it replaces) first, then the rename, then the directory fsync."""
+    previous = read_manifest(path) if path.exists() else {}
+    manifest = {"file": path.name, **manifest, "saved_at": manifest.get("saved_at") or time.time_ns()}
+    if "size" in previous and "crc32" in previous:
+        manifest["replaces"] = {"size": previous["size"], "crc32": previous["crc32"]}
+    mtmp = manifest_path(path).with_suffix(".tmp")
+    with open(mtmp, "w") as f:
+        json.dump(manifest, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(mtmp, manifest_path(path))
+    _test_pause_in_save(tmp)
+    os.replace(tmp, path)
     _fsync_dir(path.parent)
     return manifest
 
@@ -244,8 +275,9 @@ def save_resume_checkpoint(
 # ----------------------------------------------------------------------------- reading
 
 
-def verify_manifest(path: Path) -> None:
-    """Check size and CRC-32 against the manifest beside the file (the new or the replaced file's)."""
+def verify_manifest(path: Path, accept_replaced: bool = True) -> None:
+    """Check size and CRC-32 against the manifest beside the file: the new file's, or (a save killed
+    between manifest and rename) the replaced file's unless ``accept_replaced`` is False."""
     mpath = manifest_path(path)
     if not mpath.exists():
         return
@@ -254,7 +286,7 @@ def verify_manifest(path: Path) -> None:
         accepted = [(int(manifest["size"]), str(manifest["crc32"]))]
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise CheckpointError(f"{path}: its manifest {mpath.name} is unreadable ({err})") from err
-    if isinstance(manifest.get("replaces"), dict):  # a save interrupted between manifest and rename
+    if accept_replaced and isinstance(manifest.get("replaces"), dict):  # a save interrupted between manifest and rename
         accepted.append((int(manifest["replaces"]["size"]), str(manifest["replaces"]["crc32"])))
     size = path.stat().st_size
     if size not in {s for s, _ in accepted}:
@@ -270,6 +302,36 @@ def verify_manifest(path: Path) -> None:
         raise CheckpointError(f"{path}: checksum (crc32) differs from the one recorded when it was saved (corrupted)")
 
 
+_verified: dict[str, tuple[int, int, int]] = {}
+
+
+def verify_checkpoint(path: str | os.PathLike) -> None:
+    """Check a checkpoint file's bytes, once per version of the file: against its manifest (size,
+    CRC-32), or, without one, every record CRC and header of torch's zip container
+    (:func:`lit_minimind.verify.verify_file`). Raises :class:`CheckpointError` naming the file."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such checkpoint file")
+    if path.is_dir():
+        raise CheckpointError(f"{path}: is a directory, not a checkpoint file")
+    st = path.stat()
+    if st.st_size == 0:
+        raise CheckpointError(f"{path}: is empty (0 bytes); an interrupted or failed save?")
+    version = (st.st_ino, st.st_size, st.st_mtime_ns)
+    if _verified.get(str(path)) == version:
+        return
+    if manifest_path(path).exists():
+        verify_manifest(path)
+    else:
+        try:
+            from lit_minimind.verify import verify_file
+        except ImportError:  # pragma: no cover - the zip verifier ships with the package
+            verify_file = None
+        if verify_file is not None:
+            verify_file(path)
+    _verified[str(path)] = version
+
+
 def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu", verify: bool = True) -> dict[str, Any]:
     """Load any checkpoint (ours, Lightning's, original MiniMind's) safely, or explain why not.
 
@@ -277,14 +339,10 @@ def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     refused. Raises :class:`CheckpointError` naming the file and what is wrong.
     """
     path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"{path}: no such checkpoint file")
-    if path.is_dir():
-        raise CheckpointError(f"{path}: is a directory, not a checkpoint file")
-    if path.stat().st_size == 0:
-        raise CheckpointError(f"{path}: is empty (0 bytes); an interrupted or failed save?")
     if verify:
-        verify_manifest(path)
+        verify_checkpoint(path)
+    elif not path.is_file():
+        raise CheckpointError(f"{path}: no such checkpoint file")
     try:
         obj = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
@@ -309,9 +367,11 @@ def peek_wandb_id(path: str | os.PathLike) -> str | None:
     meta = read_manifest(path)
     if "wandb_id" in meta:
         return meta["wandb_id"]
-    ckpt = read_checkpoint(path)
-    state = (ckpt.get("callbacks") or {}).get("ResumeCallback") or ckpt
-    return state.get("wandb_id")
+    try:  # memory-mapped: only the small entries are read, not the tensors
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:
+        return None  # the resume itself reports what is wrong with the file
+    return ckpt.get("wandb_id") if isinstance(ckpt, dict) else None
 
 
 def checkpoint_kind(ckpt: Mapping[str, Any]) -> str:
@@ -323,11 +383,6 @@ def checkpoint_kind(ckpt: Mapping[str, Any]) -> str:
     if ckpt and all(isinstance(v, torch.Tensor) for v in ckpt.values()):
         return "weights"
     return "unknown"
-
-
-def corrected_step(step: int, saved_world_size: int, current_world_size: int) -> int:
-    """MiniMind's world-size step correction: ``step * saved // current``."""
-    return step * saved_world_size // current_world_size
 
 
 def load_resume_checkpoint(

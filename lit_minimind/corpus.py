@@ -5,6 +5,9 @@
 which makes it a convenient corpus for training the default tokenizer and for
 smoke-test pretraining runs. Its exact content depends on the Python version,
 so everything derived from it is cached under a hash of the text itself.
+
+:func:`embedded_conversations` derives a small chat corpus (MiniMind SFT format) from the
+same pages, the default data of ``--data.kind sft``.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -66,6 +70,50 @@ def write_embedded_corpus(
         return path
     body = "".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts)
     atomic_write_text(path, body)
+    return path
+
+
+SFT_FORMAT_VERSION = 1
+_NOT_PROSE = re.compile(r"^(New in version|Changed in version|Deprecated since)|\n[=\-*]{3,}")
+
+
+def embedded_conversations(max_chars: int = DEFAULT_CHUNK_CHARS) -> list[dict]:
+    """A chat corpus from the pydoc topics: one MiniMind SFT record per distinct topic title.
+
+    The user asks ``What is <title>?`` and the assistant answers with the topic's first prose
+    paragraph (line breaks joined, at most ``max_chars``); when the topic has a second one,
+    ``Tell me more.`` gets it as a second turn. Records are ``{"conversations": [...]}``.
+    """
+    records: list[dict] = []
+    seen: set[str] = set()
+    for key in sorted(topics):
+        paragraphs = [p.strip("\n") for p in topics[key].split("\n\n") if p.strip()]
+        title = paragraphs[0].split("\n")[0].strip()
+        prose = [
+            " ".join(p.split())[:max_chars]
+            for p in paragraphs[1:]
+            if not p[0].isspace() and not p.startswith("object.") and not _NOT_PROSE.search(p) and len(p) >= 40
+        ]
+        if not prose or title in seen:
+            continue
+        seen.add(title)
+        subject = "the " + title[4:] if title.startswith("The ") else title
+        turns = [{"role": "user", "content": f"What is {subject}?"}, {"role": "assistant", "content": prose[0]}]
+        if len(prose) > 1:
+            turns += [{"role": "user", "content": "Tell me more."}, {"role": "assistant", "content": prose[1]}]
+        records.append({"conversations": turns})
+    return records
+
+
+def write_embedded_sft_corpus(cache_dir: str | os.PathLike[str], max_chars: int = DEFAULT_CHUNK_CHARS) -> Path:
+    """Write :func:`embedded_conversations` as MiniMind SFT jsonl (cached like the pretrain corpus)."""
+    records = embedded_conversations(max_chars)
+    lines = [json.dumps(r, ensure_ascii=False) for r in records]
+    cache_dir = Path(cache_dir)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    path = cache_dir / f"sft-corpus-{corpus_fingerprint([f'sft-v{SFT_FORMAT_VERSION}', *lines])[:16]}.jsonl"
+    if not path.is_file():
+        atomic_write_text(path, "".join(line + "\n" for line in lines))
     return path
 
 

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any, Literal
 
 import lightning as L
 import torch
 from torch.utils.data import DataLoader, Subset
 
+from lit_minimind.checkpoint import CheckpointError
+from lit_minimind.position import DataPosition, PositionError, position_here
 from lit_minimind.sampler import MINIMIND_SEED, EpochShardSampler, ResumableBatchSampler
 
 
 class ResumableDataLoader(DataLoader):
-    """A DataLoader that tells Lightning it is resumable.
-
-    Its position is restored at index level by :class:`callbacks.ResumeCallback` through
-    :meth:`MiniMindDataModule.resume_at`, so there is no iterator state to save.
-    """
+    """A DataLoader that says it resumes mid-epoch (Lightning warns otherwise): its position is kept
+    by :meth:`MiniMindDataModule.state_dict`, which counts what training consumed."""
 
     def state_dict(self) -> dict:
         return {}
@@ -27,11 +27,14 @@ class ResumableDataLoader(DataLoader):
 
 
 class MiniMindDataModule(L.LightningDataModule):
-    """Pretraining data as MiniMind reads it.
+    """Pretraining or SFT data as MiniMind reads it.
 
     Args:
-        data_path: MiniMind pretrain jsonl (one ``{"text": ...}`` per line). Default: a corpus
-            built at run time from the documentation every Python ships (``pydoc_data``).
+        data_path: MiniMind jsonl: pretraining (one ``{"text": ...}`` per line) or SFT (one
+            ``{"conversations": [...]}`` per line, see :mod:`lit_minimind.sft`). Default: a corpus
+            built at run time from the documentation every Python ships (``pydoc_data``): plain
+            text, or with ``kind: sft`` a small chat corpus derived from it
+            (:func:`lit_minimind.corpus.embedded_conversations`).
         tokenizer_path: directory holding ``tokenizer.json`` (e.g. MiniMind's ``model/``).
             Default: a byte-level BPE (vocab 6400) trained on the embedded corpus, cached.
         max_seq_len: tokens per sample, bos and eos included (MiniMind's ``max_seq_len``).
@@ -41,6 +44,17 @@ class MiniMindDataModule(L.LightningDataModule):
             (default ``$LIT_MINIMIND_CACHE`` or ``~/.cache/lit_minimind``).
         val_fraction: hold out this fraction of the records (the last ones of the file) for a
             validation loss at each epoch's end; 0 (default) trains on everything, as MiniMind.
+        kind: ``auto`` (default) detects the data from the first non-blank record
+            (``"conversations"``: SFT, ``"text"``: pretraining; without ``data_path``:
+            pretraining); ``pretrain`` or ``sft`` forces it. A file mixing both kinds is an
+            error naming the first line of the other kind.
+        add_system_ratio: SFT only: probability of prepending a system prompt to a conversation
+            that has none (MiniMind: 0.2).
+        empty_think_ratio: SFT only: probability of keeping a sample's empty
+            ``<think>\\n\\n</think>\\n\\n`` blocks (MiniMind: 0.2; 0 always drops them, 1 always
+            keeps them). Both augmentations draw from a generator seeded by (42, epoch, sample
+            index), so a resumed run sees the same samples; the epoch is the sampler's once
+            :meth:`lit_minimind.sft.SFTDataset.follow_epoch` links them, else 0.
     """
 
     def __init__(
@@ -52,6 +66,9 @@ class MiniMindDataModule(L.LightningDataModule):
         num_workers: int = 0,
         cache_dir: str | None = None,
         val_fraction: float = 0.0,
+        kind: Literal["auto", "pretrain", "sft"] = "auto",
+        add_system_ratio: float = 0.2,
+        empty_think_ratio: float = 0.2,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -64,10 +81,20 @@ class MiniMindDataModule(L.LightningDataModule):
         if not 0.0 <= val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
         self.val_fraction = val_fraction
+        if kind not in ("auto", "pretrain", "sft"):
+            raise ValueError(f"kind must be 'auto', 'pretrain' or 'sft', got {kind!r}")
+        for name, ratio in (("add_system_ratio", add_system_ratio), ("empty_think_ratio", empty_think_ratio)):
+            if not 0.0 <= ratio <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {ratio}")
+        self.kind = kind
+        self.data_kind: str | None = None  # "pretrain" or "sft", known after setup()
+        self.add_system_ratio = add_system_ratio
+        self.empty_think_ratio = empty_think_ratio
         self.train_dataset = None
         self.val_dataset = None
         self.tokenizer = None
-        self._resume: tuple[int, int] | None = None
+        self.position: DataPosition | None = None  # set by load_state_dict, used by the next loader
+        self.saved_position: dict[str, Any] | None = None
 
     def resolved_paths(self) -> tuple[Path, Path]:
         """``(data_path, tokenizer_dir)``, building the embedded defaults when unset."""
@@ -85,12 +112,24 @@ class MiniMindDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.train_dataset is not None:
             return
-        from lit_minimind.dataset import PretrainDataset
-        from lit_minimind.tokenizer import load_tokenizer
+        from lit_minimind.dataset import PretrainDataset, detect_kind
+        from lit_minimind.tokenizer import default_cache_dir, load_tokenizer
 
         data, tok = self.resolved_paths()
+        if self.kind == "sft" and not self.data_path:  # the embedded chat corpus
+            from lit_minimind.corpus import write_embedded_sft_corpus
+
+            data = write_embedded_sft_corpus(Path(self.cache_dir) if self.cache_dir else default_cache_dir())
+        self.data_kind = detect_kind(data) if self.kind == "auto" else self.kind
         self.tokenizer = load_tokenizer(tok)
-        full = PretrainDataset(data, self.tokenizer, max_length=self.max_seq_len)
+        if self.data_kind == "sft":
+            from lit_minimind.chat_template import load_chat_template
+            from lit_minimind.sft import SFTDataset
+
+            full = SFTDataset(data, self.tokenizer, max_length=self.max_seq_len, chat_template=load_chat_template(tok),
+                              add_system_ratio=self.add_system_ratio, empty_think_ratio=self.empty_think_ratio)
+        else:
+            full = PretrainDataset(data, self.tokenizer, max_length=self.max_seq_len)
         n_val = math.ceil(len(full) * self.val_fraction) if self.val_fraction > 0 else 0
         if n_val >= len(full):
             raise ValueError(f"val_fraction {self.val_fraction} leaves no training records in {data}")
@@ -104,9 +143,44 @@ class MiniMindDataModule(L.LightningDataModule):
         assert self.train_dataset is not None, "call setup() first"
         return math.ceil(math.ceil(len(self.train_dataset) / world_size) / self.batch_size)
 
-    def resume_at(self, epoch: int, step: int) -> None:
-        """Make the next train loader skip (at index level) the first ``step`` batches of ``epoch``."""
-        self._resume = (epoch, step)
+    # ----------------------------------------------------------------- data position (checkpointed)
+    def state_dict(self) -> dict[str, Any]:
+        """Where training stands in the data: Lightning saves it in every checkpoint.
+
+        ``step`` is the number of batches of the current epoch that training has consumed, as
+        counted by Lightning's training loop (not by the loader, whose workers run ahead).
+        """
+        trainer = self.trainer
+        if trainer is None or self.train_dataset is None:
+            return {}
+        return {
+            "epoch": trainer.current_epoch,
+            "step": int(trainer.fit_loop.epoch_loop.batch_progress.current.processed),
+            "world_size": trainer.world_size,
+            "iters": self.batches_per_epoch(trainer.world_size),
+            "batch_size": self.batch_size,
+            "dataset_len": len(self.train_dataset),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Arm the next train loader to start after the saved position (translated to this world size)."""
+        if not state_dict:
+            return
+        world = self.trainer.world_size if self.trainer is not None else 1
+        saved_iters = state_dict.get("iters") or self.batches_per_epoch(int(state_dict.get("world_size") or 1))
+        try:
+            self.position = position_here(state_dict, world, self.batches_per_epoch(world), int(saved_iters))
+        except PositionError as err:
+            raise CheckpointError(str(err)) from None
+        self.saved_position = dict(state_dict)
+
+    def checkpoint_mismatches(self, state_dict: dict[str, Any]) -> list[str]:
+        """``field: checkpoint X, this run Y`` for each data setting a resume must keep."""
+        assert self.train_dataset is not None, "call setup() first"
+        here = {"dataset_len": len(self.train_dataset), "batch_size": self.batch_size}
+        notes = {"dataset_len": " samples", "batch_size": " (a step would mean other samples)"}
+        return [f"{field}: checkpoint {state_dict[field]}, this run {value}{notes[field]}"
+                for field, value in here.items() if state_dict.get(field) not in (None, value)]
 
     def train_dataloader(self) -> DataLoader:
         assert self.train_dataset is not None
@@ -114,13 +188,17 @@ class MiniMindDataModule(L.LightningDataModule):
         rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
         sampler = EpochShardSampler(len(self.train_dataset), rank=rank, world_size=world)
         batch_sampler = ResumableBatchSampler(sampler, self.batch_size)
+        records = self.train_dataset.dataset if isinstance(self.train_dataset, Subset) else self.train_dataset
+        if hasattr(records, "follow_epoch"):  # SFT augmentation is drawn per (seed, epoch, index)
+            records.follow_epoch(sampler)
         # Lightning creates the first iterator before it calls set_epoch, and worker processes
         # start drawing indices right then: the sampler must know its epoch already.
         sampler.set_epoch(trainer.current_epoch if trainer is not None else 0)
-        if self._resume is not None:
-            sampler.set_epoch(self._resume[0])
-            batch_sampler.resume_at(*self._resume)
-            self._resume = None
+        if self.position is not None:  # the first loader after a restore starts where training stopped
+            epoch, skip = self.position.next_batch()
+            sampler.set_epoch(epoch)
+            batch_sampler.resume_at(epoch, skip)
+            self.position = None
         return ResumableDataLoader(
             self.train_dataset,
             batch_sampler=batch_sampler,

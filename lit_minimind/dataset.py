@@ -1,4 +1,9 @@
-"""MiniMind pretraining dataset over a jsonl file, without loading it into memory."""
+"""MiniMind pretraining dataset over a jsonl file, without loading it into memory.
+
+Also the jsonl reading shared with :mod:`lit_minimind.sft` (:class:`JsonlRecords`,
+:func:`scan_jsonl`) and the data kind of a record or file (:func:`detect_kind`):
+``{"text": ...}`` is pretraining, ``{"conversations": [...]}`` is SFT.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ import json
 import os
 from array import array
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Callable
 
 import numpy as np
 import torch
@@ -16,59 +21,41 @@ from torch.utils.data import Dataset
 from lit_minimind.errors import DataError
 from lit_minimind.tokenizer import BOS_ID, EOS_ID, PAD_ID, encode
 
-__all__ = ["DataError", "PretrainDataset", "IGNORE_INDEX"]
+__all__ = ["DataError", "JsonlRecords", "PretrainDataset", "IGNORE_INDEX", "detect_kind", "scan_jsonl"]
 
 IGNORE_INDEX = -100  # label value ignored by the cross-entropy loss
+KINDS = ("pretrain", "sft")
+# the field that marks each kind of record: MiniMind's pretrain {"text"} and SFT {"conversations"}
+KIND_FIELD = {"pretrain": "text", "sft": "conversations"}
+RecordCheck = Callable[[dict, str], None]
 
 
-class PretrainDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
-    """MiniMind pretraining samples from a jsonl file of ``{"text": ...}`` lines.
+class JsonlRecords:
+    """Offset-indexed, lazily opened jsonl records: the reading shared by the datasets.
 
-    The constructor reads the file once, validates every line and keeps only
-    the byte offset of each record (an int64 array), so memory stays small for
-    multi-GB files. ``__getitem__`` seeks to one line and parses only it. The
-    file is opened lazily, once per process, so the dataset pickles cleanly
-    into DataLoader workers. Blank (whitespace-only) lines are skipped and do
-    not count as records; line numbers in errors still count them.
-
-    Each sample is ``(input_ids, labels)``, two int64 tensors of length
-    ``max_length``, built exactly as MiniMind does: ``[BOS] + first
-    max_length-2 text tokens + [EOS]``, right-padded with PAD; ``labels`` is a
-    copy of ``input_ids`` with every PAD position set to -100. The tokenizer
-    must use MiniMind's special ids (pad 0, bos 1, eos 2), as
-    :func:`lit_minimind.tokenizer.load_tokenizer` checks.
-
-    Raises:
-        DataError: the file is missing, is a directory, holds no records, or a
-            line is not a JSON object with a string ``"text"``. The message
-            names the file and the 1-based line number.
+    The constructor reads the file once (:func:`scan_jsonl`), validates every line with
+    ``check`` and keeps only the byte offset of each record (an int64 array), so memory stays
+    small for multi-GB files. :meth:`record` seeks to one line and parses only it. The file
+    is opened lazily, once per process, so the object pickles cleanly into DataLoader
+    workers. Blank (whitespace-only) lines are skipped and do not count as records; line
+    numbers in errors still count them.
     """
 
-    def __init__(
-        self, data_path: str | os.PathLike[str], tokenizer: Tokenizer, max_length: int = 512
-    ) -> None:
-        if max_length < 2:
-            raise ValueError(f"max_length must be >= 2 (room for BOS and EOS), got {max_length}")
+    def __init__(self, data_path: str | os.PathLike[str], check: RecordCheck) -> None:
         self.data_path = Path(data_path)
-        self.tokenizer = tokenizer
-        self.max_length = max_length
-        self.offsets: np.ndarray = scan_jsonl(self.data_path)
+        self.offsets: np.ndarray = scan_jsonl(self.data_path, check)
         self._file: BinaryIO | None = None
         self._file_pid: int | None = None
 
     def __len__(self) -> int:
         return len(self.offsets)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        ids = [BOS_ID, *encode(self.tokenizer, self.text(index), self.max_length - 2), EOS_ID]
-        input_ids = torch.full((self.max_length,), PAD_ID, dtype=torch.long)
-        input_ids[: len(ids)] = torch.tensor(ids, dtype=torch.long)
-        labels = input_ids.clone()
-        labels[input_ids == PAD_ID] = IGNORE_INDEX
-        return input_ids, labels
+    def record(self, index: int, check: Callable[[dict], Any] | None = None) -> dict:
+        """The JSON object of record ``index`` (read from disk).
 
-    def text(self, index: int) -> str:
-        """The raw ``"text"`` of record ``index`` (read from disk)."""
+        ``check(record)`` may raise ``ValueError``/``TypeError``/``KeyError``: the record is
+        then reported as changed since the scan (a DataError).
+        """
         if not -len(self) <= index < len(self):
             raise IndexError(f"index {index} out of range for {len(self)} records")
         offset = int(self.offsets[index])
@@ -76,15 +63,17 @@ class PretrainDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         file.seek(offset)
         line = file.readline()
         try:
-            text = json.loads(line)["text"]
-            if not isinstance(text, str):
-                raise TypeError(type(text).__name__)
+            record = json.loads(line)
+            if not isinstance(record, dict):
+                raise TypeError(type(record).__name__)
+            if check is not None:
+                check(record)
         except (ValueError, TypeError, KeyError) as exc:
             raise DataError(
                 f"{self.data_path}: record {index} (byte {offset}) no longer holds a valid "
                 f"record; the file changed after the dataset scanned it ({exc!r})"
             ) from exc
-        return text
+        return record
 
     def close(self) -> None:
         """Close this process's file handle (reopened on the next access)."""
@@ -110,12 +99,64 @@ class PretrainDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
             self._file.close()
 
 
-def scan_jsonl(path: Path) -> np.ndarray:
-    """Validate a MiniMind pretrain jsonl file; return the byte offset of each record.
+class PretrainDataset(JsonlRecords, Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """MiniMind pretraining samples from a jsonl file of ``{"text": ...}`` lines.
 
-    Blank lines are skipped. Raises :class:`DataError` naming ``path`` and the
+    Reads the file as :class:`JsonlRecords` does (offsets only, one line parsed per sample,
+    lazily opened per process).
+
+    Each sample is ``(input_ids, labels)``, two int64 tensors of length
+    ``max_length``, built exactly as MiniMind does: ``[BOS] + first
+    max_length-2 text tokens + [EOS]``, right-padded with PAD; ``labels`` is a
+    copy of ``input_ids`` with every PAD position set to -100. The tokenizer
+    must use MiniMind's special ids (pad 0, bos 1, eos 2), as
+    :func:`lit_minimind.tokenizer.load_tokenizer` checks.
+
+    Raises:
+        DataError: the file is missing, is a directory, holds no records, or a
+            line is not a JSON object with a string ``"text"`` (an SFT record, with
+            ``"conversations"``, is named as such). The message names the file and the
+            1-based line number.
+    """
+
+    def __init__(
+        self, data_path: str | os.PathLike[str], tokenizer: Tokenizer, max_length: int = 512
+    ) -> None:
+        if max_length < 2:
+            raise ValueError(f"max_length must be >= 2 (room for BOS and EOS), got {max_length}")
+        super().__init__(data_path, _check_record)
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = [BOS_ID, *encode(self.tokenizer, self.text(index), self.max_length - 2), EOS_ID]
+        input_ids = torch.full((self.max_length,), PAD_ID, dtype=torch.long)
+        input_ids[: len(ids)] = torch.tensor(ids, dtype=torch.long)
+        labels = input_ids.clone()
+        labels[input_ids == PAD_ID] = IGNORE_INDEX
+        return input_ids, labels
+
+    def text(self, index: int) -> str:
+        """The raw ``"text"`` of record ``index`` (read from disk)."""
+        return self.record(index, _text_of)["text"]
+
+
+def _text_of(record: dict) -> str:
+    text = record["text"]
+    if not isinstance(text, str):
+        raise TypeError(type(text).__name__)
+    return text
+
+
+def scan_jsonl(path: Path, check: RecordCheck | None = None) -> np.ndarray:
+    """Validate a jsonl file of JSON objects; return the byte offset of each record.
+
+    ``check(record, where)`` validates each decoded object (default: a MiniMind pretrain
+    record) and raises :class:`DataError` with ``where`` (``"<path>: line N"``) in its
+    message. Blank lines are skipped. Raises :class:`DataError` naming ``path`` and the
     1-based line number of the first invalid line.
     """
+    check = check or _check_record
     if not path.exists():
         raise DataError(f"{path}: data file does not exist")
     if path.is_dir():
@@ -129,16 +170,16 @@ def scan_jsonl(path: Path) -> np.ndarray:
             position += len(line)
             if line.isspace():
                 continue
-            _check_record(line, path, lineno)
+            where = f"{path}: line {lineno}"
+            check(parse_record(line, where), where)
             offsets.append(start)
     if not offsets:
         raise DataError(f"{path}: no records (the file is empty or has only blank lines)")
     return np.array(offsets, dtype=np.int64)
 
 
-def _check_record(line: bytes, path: Path, lineno: int) -> None:
-    """Raise DataError unless ``line`` is a JSON object with a string "text"."""
-    where = f"{path}: line {lineno}"
+def parse_record(line: bytes, where: str) -> dict:
+    """Decode one jsonl line that must hold a JSON object; DataError naming ``where`` if not."""
     try:
         record = json.loads(line)
     except UnicodeDecodeError as exc:
@@ -147,9 +188,63 @@ def _check_record(line: bytes, path: Path, lineno: int) -> None:
         raise DataError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
     if not isinstance(record, dict):
         raise DataError(f"{where}: expected a JSON object, got {_json_type(record)}")
-    if "text" not in record:
-        keys = ", ".join(repr(k) for k in list(record)[:5]) or "none"
-        raise DataError(f'{where}: record has no "text" field (keys: {keys})')
+    return record
+
+
+def record_kind(record: dict, where: str) -> str:
+    """``"pretrain"`` for a ``{"text"}`` record, ``"sft"`` for a ``{"conversations"}`` one."""
+    found = [kind for kind, field in KIND_FIELD.items() if field in record]
+    if len(found) == 1:
+        return found[0]
+    keys = ", ".join(repr(k) for k in list(record)[:5]) or "none"
+    if found:
+        raise DataError(f'{where}: record has both "text" and "conversations"; '
+                        "cannot tell pretraining from SFT data (set --data.kind)")
+    raise DataError(f'{where}: record has neither "text" (pretraining) nor "conversations" (SFT) '
+                    f"(keys: {keys})")
+
+
+def check_kind(record: dict, where: str, kind: str) -> None:
+    """DataError unless ``record`` holds the field of ``kind``; a record of the other kind is named."""
+    field = KIND_FIELD[kind]
+    if field in record:
+        return
+    other = next(k for k in KINDS if k != kind)
+    if KIND_FIELD[other] in record:
+        raise DataError(
+            f'{where}: {_KIND_NAME[other]} record ("{KIND_FIELD[other]}") in {_KIND_NAME[kind]} data '
+            f'(records need "{field}"); one file holds one kind of data'
+        )
+    keys = ", ".join(repr(k) for k in list(record)[:5]) or "none"
+    raise DataError(f'{where}: record has no "{field}" field (keys: {keys})')
+
+
+_KIND_NAME = {"pretrain": "a pretraining", "sft": "an SFT (chat)"}
+
+
+def detect_kind(path: str | os.PathLike[str]) -> str:
+    """The kind of a jsonl data file (``"pretrain"`` or ``"sft"``), from its first non-blank record.
+
+    Raises :class:`DataError` naming the file (and the line) when it is missing, empty, or
+    the first record is neither kind. Later records are checked by the dataset's scan.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{path}: data file does not exist")
+    if path.is_dir():
+        raise DataError(f"{path}: is a directory, expected a jsonl file")
+    with open(path, "rb") as file:
+        for lineno, line in enumerate(file, start=1):
+            if line.isspace():
+                continue
+            where = f"{path}: line {lineno}"
+            return record_kind(parse_record(line, where), where)
+    raise DataError(f"{path}: no records (the file is empty or has only blank lines)")
+
+
+def _check_record(record: dict, where: str) -> None:
+    """Raise DataError unless ``record`` has a string "text" (MiniMind pretraining)."""
+    check_kind(record, where, "pretrain")
     if not isinstance(record["text"], str):
         raise DataError(f'{where}: "text" must be a string, got {_json_type(record["text"])}')
 

@@ -3,26 +3,39 @@
 With no arguments it trains a small model on the embedded corpus on CPU. Every flag is
 LightningCLI's (``--model.*``, ``--data.*``, ``--trainer.*``, ``--config``) plus
 ``--resume.*`` (:class:`callbacks.ResumeCallback`), ``--log_interval`` and ``--ckpt_path``
-(``last``, a Lightning ``.ckpt`` or a MiniMind ``_resume.pth``). Run with ``--help``.
+(``last``, a Lightning ``.ckpt`` or a MiniMind ``_resume.pth``) and ``--from_weight``. MiniMind's own
+``train_pretrain.py`` flags work too (:mod:`lit_minimind.minimind_flags`). Run with ``--help``.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
+import re
 import sys
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
+from jsonargparse import ArgumentError
 from lightning.pytorch.cli import LightningCLI
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from callbacks import MiniMindConsole, ResumeCallback, resolve_last
+from callbacks.preemption import STOP
+from callbacks.wandb_run import continue_wandb_run
+from lightning.fabric.plugins import CheckpointIO
+from lit_minimind.lightning_io import SafeCheckpointIO
+from callbacks.progress import MiniMindProgressBar
 from lit_minimind.checkpoint import CheckpointError, checkpoint_stem, peek_wandb_id
 from lit_minimind.datamodule import MiniMindDataModule
-from lit_minimind.errors import DataError
+from lit_minimind.errors import DataError, UsageError
+from lit_minimind.from_weight import load_start_weights, weight_path
+from lit_minimind.minimind_flags import mapping_line, name_origins, translate
 from lit_minimind.module import LitMiniMind
+from lit_minimind.validate import parse_error_line, validate
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "conf" / "default.yaml"
 
@@ -42,6 +55,43 @@ class MiniMindCLI(LightningCLI):
             help="resume from: 'last' (newest valid checkpoint in --resume.ckpt_dir; starts fresh if none), "
             "a Lightning .ckpt, or a MiniMind *_resume.pth (ours or original MiniMind's)",
         )
+        parser.add_argument(
+            "--from_weight", type=str, default="none",
+            help="start from weights (fresh optimizer and position), MiniMind's --from_weight: a NAME "
+            "({resume.out_dir}/{NAME}_{hidden}[_moe].pth) or a file; 'none' = random init; a checkpoint "
+            "found by --ckpt_path wins",
+        )
+
+    def parse_arguments(self, parser: Any, args: Any) -> None:
+        """jsonargparse's errors (raised: exit_on_error=False) as one line naming the flag."""
+        try:  # args is main()'s translated argv: parse it as the command line (no "args and sys.argv" warning)
+            self.config = parser.parse_args(args)
+        except ArgumentError as err:
+            flags = re.findall(r"--[\w.]+", parser.format_usage())
+            raise UsageError(parse_error_line(str(err), flags)) from None
+        validate(self.config)  # every value a user can type, before anything is seeded or built
+
+    def before_instantiate_classes(self) -> None:
+        trainer = self.config.get("trainer")
+        own_bar = any("ProgressBar" in str(getattr(cb, "class_path", cb)) for cb in trainer.get("callbacks") or [])
+        if trainer.get("enable_progress_bar") is not False and not own_bar:
+            self.trainer_defaults["callbacks"] = [MiniMindProgressBar()]  # 1-based epochs, as the console
+
+    def instantiate_trainer(self, **kwargs: Any) -> Any:
+        """Our checkpoint storage (atomic, verified, reads MiniMind files) joins the ``--trainer.plugins`` given."""
+        plugins = (self.config_init.get("trainer") or {}).get("plugins")
+        plugins = [] if plugins is None else list(plugins) if isinstance(plugins, list) else [plugins]
+        if not any(isinstance(p, CheckpointIO) for p in plugins):
+            plugins.append(SafeCheckpointIO())
+        return super().instantiate_trainer(plugins=plugins, **kwargs)
+
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except (ValueError, TypeError, MisconfigurationException) as err:  # a value the classes refuse: a user error
+            if isinstance(err, (DataError, UsageError)):
+                raise
+            raise UsageError(str(err).strip().splitlines()[0]) from None
 
 
 def resolve_ckpt_path(ckpt_path: str | None, resume: ResumeCallback, model: LitMiniMind) -> str | None:
@@ -92,20 +142,35 @@ def wandb_flush_often() -> None:
     os.environ.setdefault("WANDB__TRANSACTION_LOG_FLUSH_INTERVAL", "1")
 
 
+@rank_zero_only
+def rank_zero_print(line: str) -> None:
+    print(line, flush=True)
+
+
 def main(args: list[str] | None = None) -> int:
+    """Run the CLI on ``args`` (default ``sys.argv[1:]``); returns the exit code (2: a user error)."""
+    STOP.install()  # a stop signal from here on is honoured (exit 0, nothing lost), even during start-up
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # Lightning 2.6's own use of a torch API that torch 2.13 deprecates: noise for our users
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
     wandb_offline_without_credentials()
     wandb_flush_often()
+    origins: dict[str, str] = {}
     try:
+        # MiniMind's train_pretrain.py flags mean what they mean there (lit_minimind.minimind_flags)
+        translation = translate(sys.argv[1:] if args is None else list(args),
+                                compile_supported="compile" in inspect.signature(LitMiniMind).parameters)
+        origins = translation.origins
+        for line in filter(None, [mapping_line(translation), *translation.notes]):
+            rank_zero_print(line)
         cli = MiniMindCLI(
             LitMiniMind,
             MiniMindDataModule,
             run=False,
-            args=args,
-            # the embedded default is the base of every run; flags and --config presets override it
-            parser_kwargs={"default_config_files": [str(DEFAULT_CONFIG)]},
+            args=translation.args,
+            # the embedded default is the base of every run; flags and --config presets override it;
+            # parse errors are raised (not exit(2) with the usage) and printed as one line
+            parser_kwargs={"default_config_files": [str(DEFAULT_CONFIG)], "exit_on_error": False},
             seed_everything_default=42,
             save_config_kwargs={"overwrite": True},
             auto_configure_optimizers=False,  # AdamW + MiniMind's LR rule live in LitMiniMind
@@ -115,10 +180,18 @@ def main(args: list[str] | None = None) -> int:
         console = next(cb for cb in cli.trainer.callbacks if isinstance(cb, MiniMindConsole))
         ckpt_path = resolve_ckpt_path(cli.config.get("ckpt_path"), resume, cli.model)
         if ckpt_path:  # Lightning starts the wandb run before it restores callbacks: attach now
-            resume.attach_wandb_run(cli.trainer, peek_wandb_id(ckpt_path))
+            continue_wandb_run(cli.trainer, peek_wandb_id(ckpt_path))
+        start = weight_path(cli.config.get("from_weight"), resume.out_dir, cli.model.config.hidden_size,
+                            cli.model.config.use_moe)
+        if start is not None and ckpt_path is None:  # MiniMind's --from_weight: only when not resuming
+            rank_zero_print(load_start_weights(cli.model, start))
+        elif start is not None and cli.config.get("ckpt_path") == "last":
+            rank_zero_print(f"--from_weight {start} not used: resuming from {ckpt_path}")
+        elif start is not None:
+            rank_zero_warn(f"--from_weight {start} ignored: --ckpt_path {ckpt_path} is given")
         cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
-    except (CheckpointError, DataError) as err:
-        print(f"error: {err}", file=sys.stderr)
+    except (CheckpointError, DataError, UsageError) as err:
+        print(f"error: {name_origins(str(err), origins)}", file=sys.stderr)
         return 2
     log_dir = cli.trainer.log_dir  # a collective under DDP: every rank asks
     if cli.trainer.is_global_zero:

@@ -1,7 +1,9 @@
 """``python -m lit_minimind.inspect PATH [--json]``: what is inside any checkpoint.
 
 Works on ours (MiniMind resume dict with extras, Lightning ``.ckpt``), original MiniMind's
-files and fp16 exports. Loading is always ``weights_only``; a bad file is reported, not raised.
+files and fp16 exports. Every byte of a torch zip file is verified first (``verify_file``: record
+CRC-32s and the zip structure, no manifest needed); loading is always ``weights_only``; a bad
+file is reported, not raised.
 """
 
 from __future__ import annotations
@@ -15,8 +17,19 @@ from typing import Any
 
 import torch
 
-from lit_minimind.checkpoint import CheckpointError, checkpoint_kind, manifest_path, read_checkpoint, shape_config
-from lit_minimind.lightning_io import RESUME_STATE_KEY
+from lit_minimind.checkpoint import (
+    CheckpointError,
+    checkpoint_kind,
+    manifest_path,
+    read_checkpoint,
+    shape_config,
+    verify_manifest,
+)
+from lit_minimind.verify import UnverifiableCheckpoint, verify_file
+
+RESUME_STATE_KEY = "ResumeCallback"  # callbacks.ResumeCallback.state_key: its state in a Lightning .ckpt
+POSITION_KEYS = ("epoch", "step", "world_size", "wandb_id")
+SCALER_KEYS = frozenset({"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"})
 
 
 def summarize(path: str | Path) -> dict[str, Any]:
@@ -24,30 +37,38 @@ def summarize(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     info: dict[str, Any] = {"path": str(path), "file_size": path.stat().st_size if path.is_file() else None,
                             "manifest": manifest_path(path).exists()}
+    try:  # every byte first: JSON or text is "not a checkpoint" (not a pickle to refuse), a flipped byte shows
+        verify_file(path)
+        info["verified"] = True
+    except UnverifiableCheckpoint as err:  # a pickle (legacy format) or saved without CRCs: load it anyway
+        info.update(verified=False, integrity=str(err))
+    except CheckpointError as err:
+        return {**info, "valid": False, "verified": False, "error": str(err)}
     try:
-        ckpt = read_checkpoint(path)
+        verify_manifest(path)  # also catches a whole valid file swapped for another
+        ckpt = read_checkpoint(path, verify=False)  # verified above: no second read
     except CheckpointError as err:
         return {**info, "valid": False, "error": str(err)}
     kind = checkpoint_kind(ckpt)
     info.update(valid=kind != "unknown", format=kind)
     if kind == "lightning":
         weights = ckpt["state_dict"]
-        state = (ckpt.get("callbacks") or {}).get(RESUME_STATE_KEY) or {}
+        callback = (ckpt.get("callbacks") or {}).get(RESUME_STATE_KEY) or {}
+        state = {**{k: ckpt[k] for k in POSITION_KEYS if k in ckpt}, **callback}
         optimizer = (ckpt.get("optimizer_states") or [None])[0]
-        scaler = ckpt.get("MixedPrecision")
         info.update(global_step=ckpt.get("global_step"), lightning_version=ckpt.get("pytorch-lightning_version"))
     elif kind == "minimind_resume":
         weights = ckpt["model"]
         extra = ckpt.get("lit_minimind") or {}
-        state = {**(extra.get("callback") or {}), **{k: ckpt.get(k) for k in ("epoch", "step", "world_size", "wandb_id")}}
-        optimizer, scaler = ckpt.get("optimizer"), ckpt.get("scaler") or None
+        state = {**(extra.get("callback") or {}), **{k: ckpt.get(k) for k in POSITION_KEYS}}
+        optimizer = ckpt.get("optimizer")
         info.update(written_by="lit-minimind" if extra else "original MiniMind", versions=extra.get("versions"),
                     fp32_master_weights="model_fp32" in extra)
     elif kind == "weights":
-        weights, state, optimizer, scaler = ckpt, {}, None, None
+        weights, state, optimizer = ckpt, {}, None
     else:
         return {**info, "error": f"unrecognised keys: {sorted(ckpt)[:10]}"}
-    info.update({k: state.get(k) for k in ("epoch", "step", "world_size", "wandb_id")})
+    info.update({k: state.get(k) for k in POSITION_KEYS})
     if "global_step" not in info and state.get("global_step") is not None:
         info["global_step"] = state["global_step"]
     info["partial_gradients"] = state.get("grads") is not None if state else None
@@ -61,8 +82,18 @@ def summarize(path: str | Path) -> dict[str, Any]:
         info["optimizer"] = {"param_groups": len(optimizer["param_groups"]), "lr": group.get("lr"),
                              "betas": list(group.get("betas", [])), "weight_decay": group.get("weight_decay"),
                              "steps": int(steps[0]) if steps and steps[0] is not None else 0}
-    info["scaler"] = {"scale": float(scaler["scale"]), "growth_tracker": int(scaler.get("_growth_tracker", 0))} if scaler else None
+    info["scaler"] = _find_scaler(ckpt)
     return info
+
+
+def _find_scaler(ckpt: dict[str, Any]) -> dict[str, Any] | None:
+    """The GradScaler state stored at the top level, under whatever key: MiniMind's ``scaler``, or in a
+    Lightning ``.ckpt`` the precision plugin's class ``__qualname__`` (``MixedPrecision``,
+    ``CPUFloat16Mixed``, ...). ``None`` when there is none (MiniMind stores ``{}`` without one)."""
+    for key, value in ckpt.items():
+        if isinstance(value, dict) and SCALER_KEYS <= value.keys():
+            return {"scale": float(value["scale"]), "growth_tracker": int(value["_growth_tracker"]), "stored_under": key}
+    return None
 
 
 def _tied_numel(weights: dict[str, Any]) -> int:

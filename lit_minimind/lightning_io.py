@@ -1,12 +1,12 @@
-"""Bridges between MiniMind's files and Lightning's checkpoint machinery.
+"""Lightning's side of checkpoints: the storage plugin, and loop state for foreign positions.
 
-* :class:`SafeCheckpointIO` - Lightning's checkpoint plugin with our atomic writer and
-  safe reader; it also reads MiniMind ``_resume.pth`` files, converted on the fly, so
-  ``trainer.fit(ckpt_path=...)`` accepts all three forms.
-* :func:`fit_loop_state_at` - the fit-loop progress Lightning would have saved in
-  ``on_train_batch_end`` after ``step`` batches of ``epoch``. Lightning has no API to set
-  a loop position, so this is written by hand against the counters Lightning 2.6 saves;
-  it serves MiniMind files (which carry no loop state) and world-size changes.
+* :class:`SafeCheckpointIO` - Lightning's ``CheckpointIO`` plugin (``Trainer(plugins=[...])``):
+  every write atomic and checksummed (:func:`lit_minimind.checkpoint.atomic_save`), every read
+  ``weights_only`` and verified; it also reads original MiniMind ``_resume.pth`` files, converted
+  by :func:`lit_minimind.minimind_format.to_lightning`.
+* :func:`loops_at` - loop counters for a position Lightning did not save itself. Lightning has
+  no API to set a loop position, so this is written against the counters Lightning 2.5/2.6 save.
+* :func:`rng_state` / :func:`set_rng_state` - every RNG a training step draws from.
 """
 
 from __future__ import annotations
@@ -16,80 +16,39 @@ import math
 import os
 from typing import Any
 
-import lightning
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 
-from lit_minimind.checkpoint import (
-    EXTRA_KEY,
-    CheckpointError,
-    atomic_save,
-    checkpoint_kind,
-    manifest_path,
-    read_checkpoint,
-)
+from lit_minimind.checkpoint import CheckpointError, atomic_save, checkpoint_kind, manifest_path, read_checkpoint
+from lit_minimind.position import DataPosition
 
-RESUME_STATE_KEY = "ResumeCallback"
-MODULE_PREFIX = "model."  # LitMiniMind keeps MiniMindForCausalLM as ``self.model``
+MANIFEST_FIELDS = ("epoch", "step", "world_size", "global_step", "wandb_id")
 
 
-def minimind_to_lightning(ckpt: dict[str, Any]) -> dict[str, Any]:
-    """A MiniMind resume dict (ours or original MiniMind's) as a Lightning checkpoint dict.
+def fit_loop_state_at(template: dict[str, Any], position: DataPosition, accumulate: int, global_step: int) -> dict[str, Any]:
+    """Fit-loop state as Lightning saves it after ``position`` (at least one batch trained).
 
-    Loop progress is left out (``loops: None``); :class:`callbacks.ResumeCallback` fills it
-    in from ``epoch``/``step`` once it knows the epoch length.
+    Inside an epoch: the state of a save in ``on_train_batch_end`` of batch ``position.step``; a
+    complete epoch: the state of a save in ``on_train_epoch_end``. ``template`` is a fresh
+    ``trainer.fit_loop.state_dict()``, ``global_step`` the optimizer steps taken so far.
+    ``tests/test_loop_state.py`` checks both against states Lightning saved itself.
     """
-    extra = ckpt.get(EXTRA_KEY) or {}
-    weights = extra.get("model_fp32") or {k: v.float() for k, v in ckpt["model"].items()}
-    state = dict(extra.get("callback") or {})
-    state.setdefault("epoch", int(ckpt["epoch"]))
-    state.setdefault("step", int(ckpt["step"]))
-    state.setdefault("world_size", int(ckpt.get("world_size") or 1))
-    state.setdefault("wandb_id", ckpt.get("wandb_id"))
-    state.setdefault("global_step", None)
-    state["source_format"] = "minimind_resume" if not extra else "lit_minimind_resume"
-    converted: dict[str, Any] = {
-        "state_dict": {MODULE_PREFIX + k: v for k, v in weights.items()},
-        "optimizer_states": [ckpt["optimizer"]],
-        "lr_schedulers": [],
-        "callbacks": {RESUME_STATE_KEY: state},
-        "pytorch-lightning_version": lightning.__version__,
-        "epoch": state["epoch"],
-        "global_step": state["global_step"] or 0,
-        "loops": None,
-    }
-    if ckpt.get("scaler"):
-        converted["MixedPrecision"] = ckpt["scaler"]
-    if extra.get("hyper_parameters"):
-        converted["hyper_parameters"] = extra["hyper_parameters"]
-    return converted
-
-
-def fit_loop_state_at(
-    template: dict[str, Any], epoch: int, step: int, iters: int, accumulate: int, global_step: int
-) -> dict[str, Any]:
-    """Fit-loop state as saved by Lightning in ``on_train_batch_end`` of batch ``step`` (1-based).
-
-    ``template`` is a fresh ``trainer.fit_loop.state_dict()``; ``iters`` the batches per
-    epoch on this rank; ``global_step`` the optimizer steps taken so far.
-    """
+    epoch, step, iters = position.epoch, position.step, position.iters
     if step < 1:
-        raise ValueError("fit_loop_state_at needs step >= 1 (a batch must have finished)")
+        raise ValueError("fit_loop_state_at needs a position after at least one batch")
     state = copy.deepcopy(template)
+    end = position.epoch_complete
     stepped = step % accumulate == 0 or step == iters
     steps_in_epoch = step // accumulate + (1 if step == iters and step % accumulate else 0)
     windows_in_epoch = math.ceil(step / accumulate)
     windows_before = epoch * math.ceil(iters / accumulate)
-    batches_before = epoch * iters
 
-    def processed(total: int) -> dict[str, int]:
-        return {"ready": total, "completed": total - 1, "started": total, "processed": total}
+    def batches(total: int) -> dict[str, int]:
+        return {"ready": total, "completed": total if end else total - 1, "started": total, "processed": total}
 
-    state["epoch_loop.state_dict"] = {"_batches_that_stepped": global_step - (1 if stepped else 0)}
+    state["epoch_loop.state_dict"] = {"_batches_that_stepped": global_step - (1 if stepped and not end else 0)}
     state["epoch_loop.batch_progress"] = {
-        "total": processed(batches_before + step),
-        "current": processed(step),
-        "is_last_batch": step == iters,
+        "total": batches(epoch * iters + step), "current": batches(step), "is_last_batch": step == iters,
     }
     optim = state["epoch_loop.automatic_optimization.optim_progress"]["optimizer"]
     optim["step"] = {
@@ -101,13 +60,25 @@ def fit_loop_state_at(
         "total": {"ready": zg_total, "completed": zg_total, "started": zg_total},
         "current": {"ready": zg_current, "completed": zg_current, "started": zg_current},
     }
-    epoch_counts = {"ready": epoch + 1, "completed": epoch, "started": epoch + 1, "processed": epoch}
-    state["epoch_progress"] = {"total": dict(epoch_counts), "current": dict(epoch_counts)}
+    epochs = {"ready": epoch + 1, "completed": epoch, "started": epoch + 1, "processed": epoch + (1 if end else 0)}
+    state["epoch_progress"] = {"total": dict(epochs), "current": dict(epochs)}
     return state
 
 
+def loops_at(template: dict[str, Any], position: DataPosition, accumulate: int, global_step: int) -> dict[str, Any] | None:
+    """``checkpoint["loops"]`` for a position Lightning did not save itself (a MiniMind file, a changed
+    world size): the one place where loop counters are built by hand. ``None`` before any batch."""
+    if position.step >= 1:
+        return {"fit_loop": fit_loop_state_at(template, position, accumulate, global_step)}
+    if position.epoch > 0:  # nothing trained yet in this epoch: the previous one is complete
+        previous = DataPosition(position.epoch - 1, position.iters, position.iters)
+        return {"fit_loop": fit_loop_state_at(template, previous, accumulate, global_step)}
+    return None
+
+
 class SafeCheckpointIO(TorchCheckpointIO):
-    """Lightning checkpoint I/O: atomic, verified writes; ``weights_only`` reads; MiniMind files."""
+    """Lightning checkpoint storage: atomic, checksummed writes; ``weights_only``, verified reads;
+    original MiniMind resume files converted on load."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -116,10 +87,10 @@ class SafeCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
         """Atomic write; an OSError is kept for :meth:`take_error` instead of raised, so that rank 0
         still reaches Lightning's barrier and the failure can stop every rank together."""
-        state = (checkpoint.get("callbacks") or {}).get(RESUME_STATE_KEY) or {}
-        keys = ("epoch", "step", "world_size", "global_step", "wandb_id", "run_id")
+        meta = {k: checkpoint[k] for k in MANIFEST_FIELDS if k in checkpoint}
+        run_id = (checkpoint.get("callbacks") or {}).get("ResumeCallback", {}).get("run_id")
         try:
-            atomic_save(checkpoint, path, {"kind": "lightning", **{k: state[k] for k in keys if k in state}})
+            atomic_save(checkpoint, path, {"kind": "lightning", **meta, "run_id": run_id})
         except OSError as err:
             self._error = err
 
@@ -129,16 +100,18 @@ class SafeCheckpointIO(TorchCheckpointIO):
         return error
 
     def load_checkpoint(self, path: Any, map_location: Any | None = None, weights_only: bool | None = None) -> dict[str, Any]:
+        from lit_minimind.minimind_format import to_lightning
+
         ckpt = read_checkpoint(path, map_location or "cpu")
         kind = checkpoint_kind(ckpt)
         if kind == "lightning":
             return ckpt
         if kind == "minimind_resume":
-            return minimind_to_lightning(ckpt)
+            return to_lightning(ckpt)
         if kind == "weights":
             raise CheckpointError(
                 f"{path}: holds model weights only (an fp16 export?), not a resume checkpoint; "
-                "pass the matching *_resume.pth or a Lightning .ckpt"
+                "pass the matching *_resume.pth or a Lightning .ckpt (or start from it with --from_weight)"
             )
         raise CheckpointError(f"{path}: not a lit-minimind, Lightning or MiniMind checkpoint (keys: {sorted(ckpt)[:8]})")
 
@@ -181,4 +154,4 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-__all__ = ["SafeCheckpointIO", "minimind_to_lightning", "fit_loop_state_at", "rng_state", "set_rng_state", "CheckpointError"]
+__all__ = ["SafeCheckpointIO", "fit_loop_state_at", "loops_at", "rng_state", "set_rng_state"]

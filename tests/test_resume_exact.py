@@ -76,7 +76,7 @@ def test_kill_anywhere_resume_is_bit_identical(tmp_path: Path, name: str) -> Non
     ref_weights, ref_resume = final_state(ref_dir, moe)
     weights, resume = final_state(kill_dir, moe)
     assert_same_tensors(weights, ref_weights)
-    assert_same_tensors(resume["lit_minimind"]["model_fp32"], ref_resume["lit_minimind"]["model_fp32"])
+    assert_same_tensors(resume["state_dict"], ref_resume["state_dict"])
     if name == "fp16_scaler":
         assert resume["scaler"]["scale"] == ref_resume["scaler"]["scale"]
         assert ref_resume["scaler"]["_growth_tracker"] == resume["scaler"]["_growth_tracker"]
@@ -96,5 +96,5 @@ def test_kill_inside_the_final_save_still_ends_with_final_files(tmp_path: Path, 
     ref_weights, ref_resume = final_state(ref_dir, False)
     weights, resume = final_state(run_dir, False)
     assert_same_tensors(weights, ref_weights)
-    assert_same_tensors(resume["lit_minimind"]["model_fp32"], ref_resume["lit_minimind"]["model_fp32"])
+    assert_same_tensors(resume["state_dict"], ref_resume["state_dict"])
     assert (resume["epoch"], resume["step"]) == (1, 12)

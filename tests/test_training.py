@@ -36,8 +36,8 @@ def test_uninterrupted_tiny_run_reproduces_minimind_run(tmp_path: Path, variant:
         assert abs(loss - s["loss"]) <= 2e-4, (s["step"], loss, s["loss"])
         assert abs(aux_loss - s["aux_loss"]) <= 2e-4
     suffix = "_moe" if variant == "moe" else ""
-    ckpts = sorted(p.name for p in (tmp_path / "checkpoints").glob("*.ckpt"))
-    assert ckpts == [f"pretrain_64{suffix}_e0_s10_g5.ckpt", f"pretrain_64{suffix}_e0_s12_g6.ckpt"]  # keep_last 2
+    ckpts = sorted(p.name.rsplit("_", 1)[0] for p in (tmp_path / "checkpoints").glob("*.ckpt"))
+    assert ckpts == [f"pretrain_64{suffix}_e0_s10_g5", f"pretrain_64{suffix}_e0_s12_g6"]  # keep_last 2
 
 
 def test_trailing_partial_window_is_flushed_like_minimind(tmp_path: Path) -> None:
@@ -47,7 +47,7 @@ def test_trailing_partial_window_is_flushed_like_minimind(tmp_path: Path) -> Non
     run = run_cli(tmp_path, args)
     assert run.returncode == 0, run.stderr[-3000:]
     resume = torch.load(tmp_path / "checkpoints" / "pretrain_64_resume.pth", weights_only=True)
-    assert resume["lit_minimind"]["callback"]["global_step"] == 8
+    assert resume["global_step"] == 8
     assert (resume["epoch"], resume["step"]) == (1, 10)
 
 
@@ -133,7 +133,8 @@ def test_time_based_save_cadence(tmp_path: Path) -> None:
                   ["--resume.save_every_minutes", "0.000001", "--resume.keep_last", "50"])
     assert run.returncode == 0, run.stderr[-3000:]
     steps = sorted(int(p.name.split("_s")[1].split("_")[0]) for p in (tmp_path / "checkpoints").glob("*.ckpt"))
-    assert steps == list(range(1, 13))  # every batch is "due" by time; step 12 by MiniMind's rule too
+    # every optimizer step is "due" by time (asked only at window boundaries: accumulation 2)
+    assert steps == list(range(2, 13, 2))
 
 
 def test_stop_by_max_steps_saves_where_it_stopped(tmp_path: Path) -> None:

@@ -1,0 +1,113 @@
+"""A run's checkpoint files: their names, which of them stay, and which one ``last`` means."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from lightning.pytorch.utilities import rank_zero_warn
+
+from lit_minimind.checkpoint import (
+    CheckpointError,
+    atomic_link,
+    atomic_save,
+    minimind_file_names,
+    read_manifest,
+    verify_manifest,
+    verify_checkpoint,
+)
+from lit_minimind.lightning_io import SafeCheckpointIO
+
+
+class CheckpointFiles:
+    """MiniMind's two names for a ``stem`` (``{weight}_{hidden}{_moe}``) plus our rolling window.
+
+    * ``{ckpt_dir}/{stem}_e{epoch}_s{step}_g{global_step}_{run_id}.ckpt``: one per save (the
+      Lightning checkpoint, also MiniMind's resume dict); the newest ``keep_last`` of this run stay;
+      ``run_id`` keeps runs apart, so a fresh run never replaces or prunes another run's files.
+    * ``{ckpt_dir}/{stem}_resume.pth``: a hard link to the newest of them (MiniMind's name).
+    * ``{out_dir}/{stem}.pth``: MiniMind's fp16 weight export, written after the checkpoint.
+    """
+
+    def __init__(self, ckpt_dir: str | Path, out_dir: str | Path, weight: str, keep_last: int) -> None:
+        if keep_last < 1:
+            raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+        self.ckpt_dir, self.out_dir, self.weight, self.keep_last = Path(ckpt_dir), Path(out_dir), weight, keep_last
+
+    def checkpoint(self, stem: str, epoch: int, step: int, global_step: int, run_id: str) -> Path:
+        return self.ckpt_dir / f"{stem}_e{epoch}_s{step}_g{global_step}_{run_id}.ckpt"
+
+    def best(self, stem: str) -> Path:
+        return self.ckpt_dir / f"{stem}_best.ckpt"
+
+    def export(self, stem: str) -> Path:
+        return self.out_dir / minimind_file_names(stem)[0]
+
+    def resume(self, stem: str) -> Path:
+        return self.ckpt_dir / minimind_file_names(stem)[1]
+
+    def publish(self, checkpoint: Path, stem: str, weights: dict[str, torch.Tensor]) -> list[Path]:
+        """After ``checkpoint`` is committed: MiniMind's ``_resume.pth`` (a link) and fp16 export."""
+        meta = {k: v for k, v in read_manifest(checkpoint).items() if k in ("epoch", "step", "global_step", "run_id")}
+        atomic_link(checkpoint, self.resume(stem))
+        atomic_save(weights, self.export(stem), {"kind": "weights", **meta})
+        return [self.export(stem), self.resume(stem)]
+
+    def published(self, checkpoint: Path, stem: str) -> bool:
+        """MiniMind's two files hold this checkpoint's save (not one a kill left behind)."""
+        keys = ("epoch", "step", "global_step", "run_id")
+        saved = read_manifest(checkpoint)
+        for path in (self.export(stem), self.resume(stem)):
+            if not path.exists() or any(saved.get(k) != read_manifest(path).get(k) for k in keys):
+                return False
+            try:
+                verify_manifest(path, accept_replaced=False)
+            except CheckpointError:
+                return False
+        return True
+
+    def prune(self, stem: str, run_id: str) -> None:
+        """Keep the newest ``keep_last`` checkpoints of this run (never another run's files)."""
+        ours = [p for p in self.ckpt_dir.glob(f"{stem}_e*_s*_g*.ckpt") if read_manifest(p).get("run_id") == run_id]
+        for old in sorted(ours, key=save_order_key, reverse=True)[self.keep_last:]:
+            SafeCheckpointIO().remove_checkpoint(old)
+
+
+def save_order_key(path: Path) -> tuple[int, bool]:
+    """When a checkpoint was saved (manifest time, else file mtime); on a tie the Lightning one first."""
+    saved_at = read_manifest(path).get("saved_at")
+    if saved_at is None:
+        saved_at = path.stat().st_mtime_ns if path.exists() else 0
+    return int(saved_at), path.suffix == ".ckpt"
+
+
+def resolve_last(ckpt_dir: str | Path, stem: str) -> Path | None:
+    """The most recently saved valid resume checkpoint of ``stem`` in ``ckpt_dir``; ``None`` when there
+    is none at all.
+
+    Candidates: our checkpoints and MiniMind's ``{stem}_resume.pth`` (ours, or one written by original
+    MiniMind). The newest save wins, as Lightning's own ``last`` does; a damaged file is skipped with a
+    warning naming it and why. When files exist but none is usable it raises (never a silent fresh start).
+    """
+    ckpt_dir = Path(ckpt_dir)
+    candidates = list(ckpt_dir.glob(f"{stem}_e*_s*_g*.ckpt"))
+    minimind_resume = ckpt_dir / minimind_file_names(stem)[1]
+    if minimind_resume.exists():
+        candidates.append(minimind_resume)
+    problems = []
+    for path in sorted(candidates, key=save_order_key, reverse=True):
+        try:
+            verify_checkpoint(path)
+        except CheckpointError as err:
+            rank_zero_warn(f"skipping checkpoint {err}")
+            problems.append(str(err))
+            continue
+        return path
+    if problems:
+        raise CheckpointError(
+            f"--ckpt_path last: no usable checkpoint for {stem} in {ckpt_dir}/ - every candidate is damaged:\n  "
+            + "\n  ".join(problems)
+            + "\nThe files are left untouched. To start fresh anyway, run without --ckpt_path "
+            "(a fresh run does not overwrite them) or move them away."
+        )
+    return None

@@ -1,0 +1,56 @@
+"""MiniMind's ``--from_weight``: start training from saved weights, with a fresh optimizer and position."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from lit_minimind.checkpoint import CheckpointError, checkpoint_kind, checkpoint_stem, read_checkpoint, unwrap_model
+
+
+def weight_path(value: str, out_dir: str | Path, hidden_size: int, use_moe: bool) -> Path | None:
+    """MiniMind's ``{out_dir}/{NAME}_{hidden}{_moe}.pth`` for a NAME, the file itself for a path, None for 'none'."""
+    if not value or value == "none":
+        return None
+    path = Path(value)
+    if path.suffix in {".pth", ".pt", ".ckpt"} or len(path.parts) > 1 or path.is_file():
+        return path
+    return Path(out_dir) / f"{checkpoint_stem(value, hidden_size, use_moe)}.pth"
+
+
+def _weights(ckpt: dict) -> dict[str, torch.Tensor]:
+    kind = checkpoint_kind(ckpt)
+    if kind == "minimind_resume":
+        return ckpt["model"]
+    if kind == "lightning":  # LitMiniMind's keys are "model." + MiniMind's
+        return {k[len("model."):]: v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+    return ckpt
+
+
+def load_start_weights(model: nn.Module, path: str | Path) -> str:
+    """Load the MiniMind weights in ``path`` (fp16 export, resume file or Lightning checkpoint) into ``model``.
+
+    Like MiniMind (``strict=False``), missing or unexpected keys are reported, not fatal; a missing
+    file, a shape mismatch or a file sharing no key with the model raises :class:`CheckpointError`.
+    Returns a one-line report.
+    """
+    if not Path(path).is_file():
+        raise CheckpointError(f"--from_weight: {path}: no such weight file")
+    target = unwrap_model(model)
+    state = _weights(read_checkpoint(path))
+    own = target.state_dict()
+    bad = [f"{k} {tuple(v.shape)} vs {tuple(own[k].shape)}" for k, v in state.items() if k in own and v.shape != own[k].shape]
+    if bad:
+        raise CheckpointError(f"{path}: shapes do not match this model (--from_weight): {'; '.join(bad[:3])}"
+                              + (f" and {len(bad) - 3} more" if len(bad) > 3 else ""))
+    if not own.keys() & state.keys():
+        raise CheckpointError(f"{path}: no tensor matches this model's keys (--from_weight); is it a MiniMind weight file?")
+    result = target.load_state_dict(state, strict=False)
+
+    def listing(keys: list[str]) -> str:
+        return f"{len(keys)} ({', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''})" if keys else "none"
+
+    return (f"--from_weight: loaded {len(state) - len(result.unexpected_keys)} tensors from {path}; "
+            f"missing keys: {listing(result.missing_keys)}; unexpected keys: {listing(result.unexpected_keys)}")

@@ -1,0 +1,148 @@
+"""MiniMind's ``trainer/train_pretrain.py`` flags, translated into the port's own flags.
+
+``python -m lit_minimind.fit --epochs 2 --batch_size 32 --from_resume 1`` means what it means
+in MiniMind; MiniMind's and the port's flags mix freely (later ones win, as in argparse).
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass, field
+
+from lit_minimind.errors import UsageError
+
+# MiniMind flag -> port flag, for flags whose value passes through unchanged
+SIMPLE = {
+    "save_dir": "--resume.out_dir",
+    "save_weight": "--resume.weight",
+    "epochs": "--trainer.max_epochs",
+    "batch_size": "--data.batch_size",
+    "learning_rate": "--model.learning_rate",
+    "num_workers": "--data.num_workers",
+    "accumulation_steps": "--trainer.accumulate_grad_batches",
+    "grad_clip": "--trainer.gradient_clip_val",
+    "save_interval": "--resume.save_interval",
+    "hidden_size": "--model.hidden_size",
+    "num_hidden_layers": "--model.num_hidden_layers",
+    "max_seq_len": "--data.max_seq_len",
+    "data_path": "--data.data_path",
+    "tokenizer_path": "--data.tokenizer_path",
+}
+DTYPES = {"bfloat16": "bf16-mixed", "float16": "16-mixed", "float32": "32-true"}
+SAME = ["log_interval", "from_weight"]  # the port's flags too: they pass through
+MINIMIND_FLAGS = [*SIMPLE, *SAME, "device", "dtype", "use_moe", "from_resume", "use_wandb", "wandb_project", "use_compile"]
+WANDB_PROJECT = "MiniMind-Pretrain"  # MiniMind's default --wandb_project
+
+
+@dataclass
+class Translation:
+    args: list[str]  # the port's argv
+    mapping: list[tuple[str, str]] = field(default_factory=list)  # ("--epochs 2", "--trainer.max_epochs 2")
+    origins: dict[str, str] = field(default_factory=dict)  # port flag -> MiniMind flag it came from
+    notes: list[str] = field(default_factory=list)
+
+
+def _choice(flag: str, value: str, allowed: dict[str, list[str]]) -> list[str]:
+    if value not in allowed:
+        raise UsageError(f"--{flag} must be one of {', '.join(allowed)} (got {value!r})")
+    return allowed[value]
+
+
+def _device(value: str) -> list[str]:
+    if value == "cpu":
+        return ["--trainer.accelerator", "cpu", "--trainer.devices", "1"]
+    if value == "mps":
+        return ["--trainer.accelerator", "mps", "--trainer.devices", "1"]
+    if m := re.fullmatch(r"cuda(?::(\d+))?", value):
+        return ["--trainer.accelerator", "gpu", "--trainer.devices", f"[{m[1]}]" if m[1] else "1"]
+    raise UsageError(f"--device must be cpu, cuda or cuda:N (got {value!r})")
+
+
+def _translate_one(flag: str, value: str, wandb_project: str, compile_supported: bool, notes: list[str]) -> list[str]:
+    if flag in SIMPLE:
+        return [SIMPLE[flag], value]
+    if flag == "dtype":
+        return ["--trainer.precision", _choice(flag, value, {k: [v] for k, v in DTYPES.items()})[0]]
+    if flag == "device":
+        return _device(value)
+    if flag == "use_moe":
+        return ["--model.use_moe", _choice(flag, value, {"0": ["false"], "1": ["true"]})[0]]
+    if flag == "from_resume":
+        return _choice(flag, value, {"0": [], "1": ["--ckpt_path", "last"]})
+    if flag == "use_compile":
+        on = _choice(flag, value, {"0": ["false"], "1": ["true"]})[0]
+        if compile_supported:
+            return ["--model.compile", on]
+        if on == "true":
+            notes.append("note: --use_compile 1: torch.compile is not yet supported by lit-minimind; training uncompiled")
+        return []
+    if flag == "use_wandb":
+        return ["--trainer.logger", "lightning.pytorch.loggers.WandbLogger",
+                "--trainer.logger.init_args.project", wandb_project, "--trainer.logger.init_args.save_dir", "."]
+    return []  # wandb_project: used by --use_wandb; alone it does nothing, as in MiniMind
+
+
+def translate(argv: list[str], compile_supported: bool = False) -> Translation:
+    """Replace MiniMind's flags in ``argv`` (``--flag value`` or ``--flag=value``) by the port's.
+
+    Anything else passes through in place. Raises :class:`UsageError` for a MiniMind flag
+    without its value or with a value MiniMind would reject.
+    """
+    items: list[tuple[str, str | None] | str] = []
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        name, eq, value = tok[2:].partition("=") if tok.startswith("--") else ("", "", "")
+        if name not in MINIMIND_FLAGS or name in SAME:
+            items.append(tok)
+        elif name == "use_wandb":  # store_true in MiniMind
+            if eq:
+                raise UsageError("--use_wandb takes no value")
+            items.append((name, None))
+        elif eq:
+            items.append((name, value))
+        elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            items.append((name, argv[i + 1]))
+            i += 1
+        else:
+            raise UsageError(f"--{name} needs a value")
+        i += 1
+    given = dict(it for it in items if isinstance(it, tuple))  # the last value of each MiniMind flag
+    project, has_wandb = given.get("wandb_project") or WANDB_PROJECT, "use_wandb" in given
+    out = Translation([])
+    for it in items:
+        if isinstance(it, str):
+            out.args.append(it)
+            continue
+        flag, value = it
+        port = _translate_one(flag, value or "", project, compile_supported, out.notes)
+        out.args += port
+        nothing = {"wandb_project": "(the project of --use_wandb)" if has_wandb else "(unused without --use_wandb, as in MiniMind)",
+                   "use_compile": "(not supported yet)" if value == "1" else "(off)"}.get(flag, "(nothing: start fresh)")
+        out.mapping.append((f"--{flag}" + (f" {value}" if value is not None else ""), " ".join(port) or nothing))
+        out.origins.update({p: f"--{flag}" for p in port if p.startswith("--")})
+    return out
+
+
+def mapping_line(translation: Translation) -> str | None:
+    """``MiniMind flags: --epochs 2 -> --trainer.max_epochs 2, ...`` (None without MiniMind flags)."""
+    if not translation.mapping:
+        return None
+    return "MiniMind flags: " + ", ".join(f"{mm} -> {port}" for mm, port in translation.mapping)
+
+
+def unknown_flag_message(token: str, port_flags: list[str]) -> str:
+    """``unknown flag --epoch (did you mean --epochs?)``, matched against MiniMind's and the port's flags."""
+    flag = token.split("=", 1)[0]
+    known = [f"--{f}" for f in MINIMIND_FLAGS] + port_flags
+    close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
+    return f"unknown flag {flag} " + (f"(did you mean {close[0]}?)" if close else "(see --help)")
+
+
+def name_origins(message: str, origins: dict[str, str]) -> str:
+    """Name the MiniMind flag beside the port flag it was translated into: ``--data.batch_size (--batch_size)``."""
+    for port, minimind in origins.items():
+        if port != minimind:
+            message = re.sub(rf"{re.escape(port)}(?![\w.])", f"{port} ({minimind})", message, count=1)
+    return message
