@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: fit test bench install clean
+.PHONY: fit test test-compat bench install clean
 
 $(STAMP): pyproject.toml setup.cfg
 	$(PYTHON) -m venv $(VENV)
@@ -27,3 +27,20 @@ bench: $(STAMP)
 
 clean:
 	rm -rf out checkpoints lightning_logs wandb
+
+COMPAT_TESTS := tests/test_loop_state.py tests/test_kill_chains.py tests/test_resume_exact.py tests/test_ddp.py tests/test_preemption.py
+
+# The oldest supported Lightning (pyproject: lightning>=2.5): the resume tests on it, in their own venv.
+COMPAT_LIGHTNING ?= 2.5.0
+COMPAT_VENV := .venv-compat
+COMPAT_STAMP := $(COMPAT_VENV)/.installed-$(COMPAT_LIGHTNING)
+
+$(COMPAT_STAMP): pyproject.toml setup.cfg
+	$(PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_VENV)/bin/python -m pip install -q --upgrade pip
+	$(COMPAT_VENV)/bin/python -m pip install -q torch==2.13.0 "lightning==$(COMPAT_LIGHTNING)" "pytorch-lightning==$(COMPAT_LIGHTNING)"
+	$(COMPAT_VENV)/bin/python -m pip install -q -e ".[dev]" "lightning==$(COMPAT_LIGHTNING)"
+	touch $(COMPAT_STAMP)
+
+test-compat: $(COMPAT_STAMP)
+	$(COMPAT_VENV)/bin/python -m pytest -q -n 2 $(COMPAT_TESTS) $(PYTEST_ARGS)

@@ -1,11 +1,11 @@
-"""Run every benchmark (``make bench``): port overhead, checkpoint cost, resume cost.
+"""Run every benchmark (``make bench``): port overhead, checkpoint cost, resume cost, verify speed.
 
 Each benchmark prints its table and writes ``<name>.json`` and ``<name>.png`` under the
 results directory (default ``benchmarks/results/``); this script also writes
 ``summary.md`` there with all tables and, after a full run into the default directory,
 refreshes the tables in ``benchmarks/README.md`` (between the ``bench-results`` markers).
 
-``python -m benchmarks.run_all [--quick] [--only overhead checkpoint resume] [--results-dir DIR] [--threads N]``
+``python -m benchmarks.run_all [--quick] [--only overhead checkpoint resume verify] [--results-dir DIR] [--threads N]``
 
 ``--quick`` runs toy sizes (seconds; what ``tests/test_benchmarks.py`` runs); its numbers
 mean nothing.
@@ -21,13 +21,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks import bench_checkpoint, bench_overhead, bench_resume
+from benchmarks import bench_checkpoint, bench_overhead, bench_resume, bench_verify
 from benchmarks.common import RESULTS_DIR, say, write_text
 
 BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {
     "overhead": bench_overhead.run,
     "checkpoint": bench_checkpoint.run,
     "resume": bench_resume.run,
+    "verify": bench_verify.run,
 }
 README = Path(__file__).resolve().parent / "README.md"
 START, END = "<!-- bench-results:start -->", "<!-- bench-results:end -->"
@@ -58,19 +59,35 @@ def summary(payloads: dict[str, dict[str, Any]]) -> str:
                   p["attribution_table"], ""]
     if "checkpoint" in payloads:
         p = payloads["checkpoint"]
-        lines += [f"### 2. Checkpoint cost (one save of both MiniMind files; seconds, lower is better; {p['environment']['date']})", "",
-                  f"{p['reps']} alternating repetitions after a warm-up save; files on the disk of `{Path(p['disk_dir']).name}/` "
-                  "(the cache dir), `os.sync()` between saves.", "", p["table"], "", p["detail_table"], "",
+        lines += [f"### 2. Checkpoint cost (one `ResumeCallback.save` vs MiniMind's save; seconds and bytes, lower is better; {p['environment']['date']})", "",
+                  f"A real `Trainer` after one batch; {p['reps']} alternating repetitions after a warm-up save; stall = "
+                  "time inside `ResumeCallback.save` (the training loop blocked), ÷ bare = ÷ a bare `torch.save` of the "
+                  "same checkpoint dict within the repetition; bytes = every file one save leaves (a hard link counted "
+                  f"once); files on the disk of `{Path(p['disk_dir']).name}/` (the cache dir), `os.sync()` between saves.",
+                  "", p["table"], "", p["detail_table"], "",
                   "Per-byte work on this machine: " + ", ".join(f"{k} {v:.2f} GB/s" for k, v in p["rates_gb_per_s"].items())
                   + ".", ""]
         if p.get("profile_table"):
-            lines += ["Where the time of one save goes (cProfile of one more save of each kind):", "", p["profile_table"], ""]
+            lines += ["Where the stall of one save goes (cProfile of one more save of each kind, training thread only):", "",
+                      p["profile_table"], ""]
     if "resume" in payloads:
         p = payloads["resume"]
         lines += [f"### 3. Resume cost vs position (launch → first trained batch; seconds, lower is better; {p['environment']['date']})", "",
                   f"{p['lines']:,}-line jsonl ({p['data_bytes'] / 2**20:.0f} MiB), batch {p['batch_size']}, "
                   f"seq {p['max_seq_len']}, model {p['model']['hidden_size']}x{p['model']['num_hidden_layers']}; "
                   f"{p['reps']} rotated repetitions; phases are medians.", "", p["table"], "", p["verdict"], ""]
+    if "verify" in payloads:
+        p = payloads["verify"]
+        crc = ", ".join(f"{k} {v:.2f} GB/s" for k, v in p["crc32_in_memory_gb_per_s"].items())
+        read = p.get("verify_bytes_read")
+        lines += [f"### 4. Verifying a checkpoint without a manifest (GB/s, higher is better; {p['environment']['date']})", "",
+                  f"A {p['file_bytes'] / 1e6:.0f} MB resume-shaped `torch.save` file ({p['records']} records); "
+                  f"{p['reps']} rotated repetitions after a warm-up; `verify_file` checks every record's CRC-32 and "
+                  f"every other byte of the zip structure; the baseline, `{p['baseline']}`, one CRC-32 of the whole file "
+                  "(what a manifest check needs); speed = baseline time / variant time within a repetition. `cold`: "
+                  "the file's pages dropped first (`posix_fadvise(DONTNEED)`).", "", p["table"], "",
+                  (f"`verify_file` read {read:,} bytes of the {p['file_bytes']:,}-byte file (one pass); "
+                   if read is not None else "") + f"`zlib.crc32` alone in memory: {crc}.", ""]
     return "\n".join(lines)
 
 

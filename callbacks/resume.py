@@ -52,13 +52,18 @@ class ResumeCallback(Checkpoint):
         weight: file name prefix (MiniMind's ``save_weight``).
         keep_last: how many checkpoints of this run to keep as a rolling window.
         save_every_minutes: also save when this many minutes passed since the last save.
+        async_save: write in the background: the loop blocks only to snapshot the state (at most one
+            save in flight; a failed write stops training at the next optimizer step).
     """
 
     def __init__(self, save_interval: int = 1000, out_dir: str = "out", ckpt_dir: str = "checkpoints",
-                 weight: str = "pretrain", keep_last: int = 2, save_every_minutes: float | None = None) -> None:
+                 weight: str = "pretrain", keep_last: int = 2, save_every_minutes: float | None = None,
+                 async_save: bool = True) -> None:
         self.schedule = SaveSchedule(save_interval, save_every_minutes)
         self.files = CheckpointFiles(ckpt_dir, out_dir, weight, keep_last)
         self.dirpath = str(self.files.ckpt_dir)
+        self.async_save = async_save
+        self._in_flight = ""  # what the save being written is, for its error message
         self.run_id = uuid.uuid4().hex[:8]  # carried across resumes: a fresh run never touches another's files
         self.wandb_id: str | None = None
         self.best_val_loss: float | None = None
@@ -160,9 +165,12 @@ class ResumeCallback(Checkpoint):
     # ------------------------------------------------------------------ start
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         STOP.install()  # before Lightning registers its SIGTERM handler, which then calls ours too
-        if not isinstance(trainer.strategy.checkpoint_io, SafeCheckpointIO):
+        io = trainer.strategy.checkpoint_io
+        if isinstance(io, SafeCheckpointIO):
+            io.async_writes = self.async_save
+        else:
             rank_zero_warn("ResumeCallback: pass plugins=[lit_minimind.lightning_io.SafeCheckpointIO()] to the Trainer "
-                           "for atomic, verified checkpoint files and MiniMind resume files")
+                           "for atomic, verified, asynchronous checkpoint files and MiniMind resume files")
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         STOP.install()  # replaces Lightning's SIGTERM handler: a signal now waits for the optimizer step
@@ -195,13 +203,52 @@ class ResumeCallback(Checkpoint):
                            batch_idx: int) -> None:
         step, iters = batch_idx + 1, int(trainer.num_training_batches)
         stepped = window_complete(step, iters, trainer.accumulate_grad_batches)
-        stop = stepped and STOP.agreed(trainer)  # ranks agree only at optimizer steps: no per-batch collective
+        stop = self._agree(trainer, stepped)
         ends = trainer.should_stop or 0 < trainer.max_steps <= trainer.global_step
         due = self.schedule.by_step(step, iters) or (stepped and self.schedule.by_time(trainer))
         if step < iters and (due or stop or ends):  # an epoch's last batch is saved at the epoch's end
             self.save(trainer, pl_module)
         if stop:
             self._stop(trainer, f"after epoch {trainer.current_epoch + 1} step {step}/{iters}; checkpoint saved")
+
+    def _agree(self, trainer: L.Trainer, stepped: bool) -> bool:
+        """Whether to stop for a signal; raises when a background write failed on rank 0. Ranks agree
+        at optimizer steps only (one small all-reduce there; nothing per micro-batch)."""
+        failed = self._io_failed(trainer)
+        if trainer.world_size == 1:
+            if failed:
+                self._raise_write_error(trainer)
+            return stepped and STOP.requested
+        if not stepped:
+            return False
+        flags = torch.tensor([float(STOP.requested), float(failed)], device=trainer.strategy.root_device)
+        stop, failed_anywhere = (trainer.strategy.reduce(flags, reduce_op="max") > 0).tolist()
+        if failed_anywhere:
+            self._raise_write_error(trainer)
+        return bool(stop)
+
+    @staticmethod
+    def _io_failed(trainer: L.Trainer) -> bool:
+        return bool(getattr(trainer.strategy.checkpoint_io, "failed", False))
+
+    def _raise_write_error(self, trainer: L.Trainer) -> None:
+        self._raise_if_failed(trainer, self._take_io_error(trainer), self._in_flight or "could not save a checkpoint")
+
+    def _wait_for_writes(self, trainer: L.Trainer) -> None:
+        wait = getattr(trainer.strategy.checkpoint_io, "wait", None)
+        if wait is not None:
+            wait()
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """The end of training waits for the write in flight, and reports it if it failed."""
+        self._wait_for_writes(trainer)
+        self._raise_if_failed(trainer, self._take_io_error(trainer), self._in_flight)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self._wait_for_writes(trainer)  # what was saved before the error is complete on disk
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._wait_for_writes(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if int(trainer.fit_loop.epoch_loop.batch_progress.current.processed) >= int(trainer.num_training_batches):
@@ -215,38 +262,44 @@ class ResumeCallback(Checkpoint):
         if self.best_val_loss is None or float(val) < self.best_val_loss:
             self.best_val_loss = float(val)
             path = self.files.best(self.stem(pl_module))
+            self._begin_save(trainer, f"could not save the best checkpoint {path}")
             trainer.save_checkpoint(path, weights_only=False)
-            self._raise_if_failed(trainer, self._take_io_error(trainer), f"{path}")
             self._export = None
             rank_zero_info(f"new best val_loss {self.best_val_loss:.4f}: saved {path}")
 
     def save(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Checkpoint (the commit record), then MiniMind's ``_resume.pth`` link and fp16 export."""
+        """Checkpoint (the commit record), then MiniMind's ``_resume.pth`` link and fp16 export; with
+        ``async_save`` the loop waits only for the snapshot, the files are written in the background."""
         epoch, step = trainer.current_epoch, int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
         if self._last_saved == (epoch, step):
             return
         self.wandb_id = wandb_run_id(trainer) or self.wandb_id
         stem = self.stem(pl_module)
         path = self.files.checkpoint(stem, epoch, step, trainer.global_step, self.run_id)
+        self._begin_save(trainer, f"could not save the checkpoint at epoch {epoch + 1} step {step} ({path}, "
+                         f"then {self.files.resume(stem)} and {self.files.export(stem)}); the files of earlier saves "
+                         "are unchanged and --ckpt_path last picks the newest complete checkpoint")
         trainer.save_checkpoint(path, weights_only=False)
-        where = f"epoch {epoch + 1} step {step}"
-        self._raise_if_failed(trainer, self._take_io_error(trainer),
-                              f"could not save the checkpoint at {where}; the previous checkpoints in "
-                              f"{self.files.ckpt_dir}/ and the export in {self.files.out_dir}/ are unchanged")
-        error = None
-        if trainer.is_global_zero:
-            try:
-                self.saved_files = self.files.publish(path, stem, self._export)
-                self.files.prune(stem, self.run_id)
-            except OSError as err:
-                error = err
+        io, export = trainer.strategy.checkpoint_io, self._export
         self._export = None
-        self._raise_if_failed(trainer, error, f"checkpoint {path} ({where}) is complete and resumable, but "
-                              f"MiniMind's files {self.files.resume(stem)} / {self.files.export(stem)} may still "
-                              "hold the previous save")
-        trainer.strategy.barrier("ResumeCallback.save")
+        if trainer.is_global_zero:
+            def publish() -> None:
+                self.saved_files = self.files.publish(path, stem, export)
+                self.files.prune(stem, self.run_id)
+            if isinstance(io, SafeCheckpointIO):
+                io.submit(publish)  # after the checkpoint's commit; skipped if that failed
+            else:
+                publish()  # another storage plugin: synchronous, its errors raise
+        if not (self.async_save and isinstance(io, SafeCheckpointIO)):
+            self._raise_if_failed(trainer, self._take_io_error(trainer), self._in_flight)
         self.schedule.saved()
         self._last_saved = (epoch, step)
+
+    def _begin_save(self, trainer: L.Trainer, what: str) -> None:
+        """At most one save in flight: wait for the previous one, and stop if it failed."""
+        self._wait_for_writes(trainer)
+        self._raise_if_failed(trainer, self._take_io_error(trainer), self._in_flight)
+        self._in_flight = what
 
     @staticmethod
     def _take_io_error(trainer: L.Trainer) -> OSError | None:

@@ -109,22 +109,26 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-_saves_in_process = 0
+_commits_in_process: dict[str, int] = {}
 
 
-def _test_pause_in_save(tmp: Path) -> None:
-    """Test-only: with ``LIT_MINIMIND_TEST_STOP_IN_SAVE=N`` the N-th write of this process stops
-    itself (SIGSTOP) with its tmp file complete but not yet in place, so a test can SIGKILL it
-    inside the save window deterministically. Does nothing otherwise."""
-    global _saves_in_process
-    target = os.environ.get("LIT_MINIMIND_TEST_STOP_IN_SAVE")
+def _test_pause(path: Path, moment: str) -> None:
+    """Test-only: with ``LIT_MINIMIND_TEST_STOP_IN_SAVE=N`` the N-th file commit of this process stops
+    itself (SIGSTOP) with its tmp file complete but not yet in place; with
+    ``LIT_MINIMIND_TEST_STOP_AFTER_SAVE=N`` right after the N-th commit (``N:.ckpt`` counts only
+    files with that suffix). A test then SIGKILLs it there, deterministically. Does nothing otherwise."""
+    target = os.environ.get(f"LIT_MINIMIND_TEST_STOP_{moment.upper()}_SAVE")
     if not target:
         return
-    _saves_in_process += 1
-    if _saves_in_process == int(target):
+    count, _, suffix = target.partition(":")
+    name = path.name.removesuffix(".tmp")
+    if suffix and not name.endswith(suffix):
+        return
+    _commits_in_process[moment] = _commits_in_process.get(moment, 0) + 1
+    if _commits_in_process[moment] == int(count):
         import signal
 
-        print(f"@@stopped-in-save {tmp}", flush=True)
+        print(f"@@stopped-{moment}-save {path}", flush=True)
         os.kill(os.getpid(), signal.SIGSTOP)
 
 
@@ -187,9 +191,10 @@ def _commit(tmp: Path, path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
         f.flush()
         os.fsync(f.fileno())
     os.replace(mtmp, manifest_path(path))
-    _test_pause_in_save(tmp)
+    _test_pause(tmp, "in")
     os.replace(tmp, path)
     _fsync_dir(path.parent)
+    _test_pause(path, "after")
     return manifest
 
 
@@ -323,13 +328,49 @@ def verify_checkpoint(path: str | os.PathLike) -> None:
     if manifest_path(path).exists():
         verify_manifest(path)
     else:
+        from lit_minimind.verify import UnverifiableCheckpoint, verify_file
+
         try:
-            from lit_minimind.verify import verify_file
-        except ImportError:  # pragma: no cover - the zip verifier ships with the package
-            verify_file = None
-        if verify_file is not None:
             verify_file(path)
+        except UnverifiableCheckpoint:
+            pass  # torch's legacy (pre-zip) format has no checksums: loading it is all that can be checked
     _verified[str(path)] = version
+
+
+HARMLESS_IMPORTS = ("torch.", "collections.", "_codecs.encode", "copyreg._reconstructor", "numpy.")
+
+
+def harmful_imports(pickle_bytes: bytes) -> list[str]:
+    """What a pickle would import beyond plain data (``os.system``, ``builtins.eval``, ...), read from its
+    opcodes without unpickling it."""
+    import io
+    import pickletools
+
+    imports: list[str] = []
+    strings: list[str] = []
+    try:
+        for op, arg, _ in pickletools.genops(io.BytesIO(pickle_bytes)):
+            if op.name in ("GLOBAL", "INST"):
+                imports.append(str(arg).replace(" ", "."))
+            elif op.name == "STACK_GLOBAL":
+                imports.append(".".join(strings[-2:]))
+            elif isinstance(arg, str):
+                strings.append(arg)
+    except Exception:  # a damaged pickle: what was read so far is still telling
+        pass
+    return [name for name in dict.fromkeys(imports) if not name.startswith(HARMLESS_IMPORTS)]
+
+
+def _pickle_of(path: Path) -> bytes:
+    """The main pickle of a torch.save file (``data.pkl`` in its zip), or the file itself."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            name = next(n for n in archive.namelist() if n.endswith("/data.pkl") or n == "data.pkl")
+            return archive.read(name)
+    except (zipfile.BadZipFile, StopIteration, OSError):
+        return path.read_bytes()
 
 
 def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu", verify: bool = True) -> dict[str, Any]:
@@ -347,11 +388,11 @@ def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         obj = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
         text = str(err)
-        if "Weights only load failed" in text or "Unsupported global" in text or "Unsupported operand" in text:
-            first = next((line.strip() for line in text.splitlines() if "Unsupported" in line), text.splitlines()[0])
+        harmful = harmful_imports(_pickle_of(path))
+        if harmful:
             raise CheckpointError(
-                f"{path}: refused to load: unpickling it would run code outside plain tensors and containers "
-                f"({first}). Only load checkpoints you trust; this one is not a plain checkpoint."
+                f"{path}: refused to load: unpickling it would import and run {', '.join(harmful[:5])}, code outside "
+                "plain tensors and containers. Only load checkpoints you trust; this one is not a plain checkpoint."
             ) from None
         raise CheckpointError(f"{path}: not a readable torch checkpoint ({text.splitlines()[0]})") from None
     except Exception as err:  # torch raises many types for damaged bytes (RuntimeError, EOFError, KeyError, ...)

@@ -175,12 +175,15 @@ class MiniMindDataModule(L.LightningDataModule):
         self.saved_position = dict(state_dict)
 
     def checkpoint_mismatches(self, state_dict: dict[str, Any]) -> list[str]:
-        """``field: checkpoint X, this run Y`` for each data setting a resume must keep."""
+        """One line per data setting that differs from a checkpoint's (a resume needs the same data)."""
         assert self.train_dataset is not None, "call setup() first"
-        here = {"dataset_len": len(self.train_dataset), "batch_size": self.batch_size}
-        notes = {"dataset_len": " samples", "batch_size": " (a step would mean other samples)"}
-        return [f"{field}: checkpoint {state_dict[field]}, this run {value}{notes[field]}"
-                for field, value in here.items() if state_dict.get(field) not in (None, value)]
+        problems = []
+        if state_dict.get("dataset_len") not in (None, len(self.train_dataset)):
+            problems.append(f"dataset length: checkpoint {state_dict['dataset_len']} samples, this run {len(self.train_dataset)}")
+        if state_dict.get("batch_size") not in (None, self.batch_size):
+            problems.append(f"batch size: checkpoint {state_dict['batch_size']}, this run {self.batch_size} "
+                            "(a step would mean other samples)")
+        return problems
 
     def train_dataloader(self) -> DataLoader:
         assert self.train_dataset is not None

@@ -18,14 +18,16 @@ from typing import Any
 import torch
 
 from lit_minimind.checkpoint import (
+    MINIMIND_KEYS,
     CheckpointError,
+    harmful_imports,
     checkpoint_kind,
     manifest_path,
     read_checkpoint,
     shape_config,
     verify_manifest,
 )
-from lit_minimind.verify import UnverifiableCheckpoint, verify_file
+from lit_minimind.verify import NotATorchZip, UnverifiableCheckpoint, verify_file
 
 RESUME_STATE_KEY = "ResumeCallback"  # callbacks.ResumeCallback.state_key: its state in a Lightning .ckpt
 POSITION_KEYS = ("epoch", "step", "world_size", "wandb_id")
@@ -40,7 +42,11 @@ def summarize(path: str | Path) -> dict[str, Any]:
     try:  # every byte first: JSON or text is "not a checkpoint" (not a pickle to refuse), a flipped byte shows
         verify_file(path)
         info["verified"] = True
-    except UnverifiableCheckpoint as err:  # a pickle (legacy format) or saved without CRCs: load it anyway
+    except NotATorchZip as err:
+        if not err.legacy:  # a pickle torch.save did not write: no checkpoint, maybe a trap; never unpickled
+            return {**info, "valid": False, "verified": False, "error": _plain_pickle_error(path)}
+        info.update(verified=False, integrity=str(err))  # torch's legacy format: load it, unverified
+    except UnverifiableCheckpoint as err:  # saved without CRCs: its layout checked, load it
         info.update(verified=False, integrity=str(err))
     except CheckpointError as err:
         return {**info, "valid": False, "verified": False, "error": str(err)}
@@ -56,7 +62,12 @@ def summarize(path: str | Path) -> dict[str, Any]:
         callback = (ckpt.get("callbacks") or {}).get(RESUME_STATE_KEY) or {}
         state = {**{k: ckpt[k] for k in POSITION_KEYS if k in ckpt}, **callback}
         optimizer = (ckpt.get("optimizer_states") or [None])[0]
-        info.update(global_step=ckpt.get("global_step"), lightning_version=ckpt.get("pytorch-lightning_version"))
+        info.update(global_step=ckpt.get("global_step"), lightning_version=ckpt.get("pytorch-lightning_version"),
+                    minimind_keys=all(k in ckpt for k in MINIMIND_KEYS),  # also loadable by MiniMind's lm_checkpoint
+                    written_by="lit-minimind" if callback else "Lightning", versions=callback.get("versions"),
+                    fp32_master_weights=True)
+        ranks = (ckpt.get("lit_minimind") or {}).get("ranks") or []
+        state = {**state, "grads": next((r["grads"] for r in ranks if r.get("grads")), None)}
     elif kind == "minimind_resume":
         weights = ckpt["model"]
         extra = ckpt.get("lit_minimind") or {}
@@ -94,6 +105,15 @@ def _find_scaler(ckpt: dict[str, Any]) -> dict[str, Any] | None:
         if isinstance(value, dict) and SCALER_KEYS <= value.keys():
             return {"scale": float(value["scale"]), "growth_tracker": int(value["_growth_tracker"]), "stored_under": key}
     return None
+
+
+def _plain_pickle_error(path: Path) -> str:
+    """Why a plain pickle (not a torch.save file) is refused, from its opcodes: it is never unpickled."""
+    harmful = harmful_imports(path.read_bytes())
+    if harmful:
+        return (f"{path}: refused to load: a pickle (not a torch.save file) that would import "
+                f"{', '.join(harmful[:5])} and run it. Only load files you trust; this one is not a checkpoint.")
+    return f"{path}: not a checkpoint: a plain pickle (not written by torch.save)"
 
 
 def _tied_numel(weights: dict[str, Any]) -> int:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import copy
 import math
 import os
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -76,28 +78,94 @@ def loops_at(template: dict[str, Any], position: DataPosition, accumulate: int, 
     return None
 
 
+def snapshot(obj: Any, memo: dict[Any, Any] | None = None) -> Any:
+    """A copy of ``obj`` that training can no longer change: containers copied, tensors cloned to CPU
+    (pinned on CUDA), shared objects and storages kept shared so ``torch.save`` still writes each once."""
+    memo = {} if memo is None else memo
+    if isinstance(obj, torch.Tensor):
+        key = (obj.untyped_storage().data_ptr(), obj.storage_offset(), tuple(obj.shape), tuple(obj.stride()), obj.dtype)
+        if key not in memo:
+            if obj.is_cuda:
+                memo[key] = torch.empty_like(obj, device="cpu", pin_memory=True).copy_(obj, non_blocking=True)
+            else:
+                memo[key] = obj.detach().clone()
+        return memo[key]
+    if isinstance(obj, (dict, list, tuple)):
+        if id(obj) in memo:
+            return memo[id(obj)]
+        if isinstance(obj, dict):
+            copied: Any = {k: snapshot(v, memo) for k, v in obj.items()}
+        else:
+            copied = type(obj)(snapshot(v, memo) for v in obj) if not hasattr(obj, "_fields") else obj
+        memo[id(obj)] = copied
+        return copied
+    return obj
+
+
 class SafeCheckpointIO(TorchCheckpointIO):
     """Lightning checkpoint storage: atomic, checksummed writes; ``weights_only``, verified reads;
-    original MiniMind resume files converted on load."""
+    original MiniMind resume files converted on load.
 
-    def __init__(self) -> None:
+    With ``async_writes`` a save blocks only for :func:`snapshot`; serialization, checksum, fsync and
+    rename run on one background thread, in submission order, followed by whatever :meth:`submit`
+    queues (MiniMind's files). A failed write is kept for :meth:`take_error` and skips the jobs
+    queued after it; :meth:`wait` returns once everything submitted is on disk.
+    """
+
+    def __init__(self, async_writes: bool = False) -> None:
         super().__init__()
+        self.async_writes = async_writes
         self._error: OSError | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._futures: list[Future] = []
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
         """Atomic write; an OSError is kept for :meth:`take_error` instead of raised, so that rank 0
         still reaches Lightning's barrier and the failure can stop every rank together."""
         meta = {k: checkpoint[k] for k in MANIFEST_FIELDS if k in checkpoint}
-        run_id = (checkpoint.get("callbacks") or {}).get("ResumeCallback", {}).get("run_id")
-        try:
-            atomic_save(checkpoint, path, {"kind": "lightning", **meta, "run_id": run_id})
-        except OSError as err:
-            self._error = err
+        meta["run_id"] = (checkpoint.get("callbacks") or {}).get("ResumeCallback", {}).get("run_id")
+        if self.async_writes:
+            checkpoint = snapshot(checkpoint)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()  # the pinned copies are complete before the writer reads them
+        self.submit(lambda: atomic_save(checkpoint, path, {"kind": "lightning", **meta}))
+
+    def submit(self, job: Callable[[], Any]) -> None:
+        """Run ``job`` after the writes already submitted (at once when writes are synchronous); an
+        OSError it raises is kept for :meth:`take_error`, and later jobs are skipped."""
+        def guarded() -> None:
+            if self._error is not None:
+                return
+            try:
+                job()
+            except OSError as err:  # ENOSPC, EFBIG, EACCES, EROFS, EIO, ...
+                self._error = err
+
+        if not self.async_writes:
+            guarded()
+            return
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
+        self._futures.append(self._executor.submit(guarded))
+
+    def wait(self) -> None:
+        """Block until every submitted write is on disk (re-raises a non-OS error of a write)."""
+        futures, self._futures = self._futures, []
+        for future in futures:
+            future.result()
+
+    @property
+    def failed(self) -> bool:
+        """A write failed (cheap: no waiting, no collective)."""
+        return self._error is not None
 
     def take_error(self) -> OSError | None:
-        """The error of the last failed save (then cleared), or None."""
+        """The error of the last failed write (then cleared), or None."""
         error, self._error = self._error, None
         return error
+
+    def teardown(self) -> None:
+        self.wait()
 
     def load_checkpoint(self, path: Any, map_location: Any | None = None, weights_only: bool | None = None) -> dict[str, Any]:
         from lit_minimind.minimind_format import to_lightning

@@ -118,7 +118,7 @@ def translate(argv: list[str], compile_supported: bool = False) -> Translation:
         flag, value = it
         port = _translate_one(flag, value or "", project, compile_supported, out.notes)
         out.args += port
-        nothing = {"wandb_project": "(the project of --use_wandb)" if has_wandb else "(unused without --use_wandb, as in MiniMind)",
+        nothing = {"wandb_project": "(the project of --use_wandb)" if has_wandb else "(unused without --use_wandb)",
                    "use_compile": "(not supported yet)" if value == "1" else "(off)"}.get(flag, "(nothing: start fresh)")
         out.mapping.append((f"--{flag}" + (f" {value}" if value is not None else ""), " ".join(port) or nothing))
         out.origins.update({p: f"--{flag}" for p in port if p.startswith("--")})

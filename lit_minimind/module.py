@@ -115,8 +115,13 @@ class LitMiniMind(L.LightningModule):
         checkpoint["model_config"] = self.config.to_dict()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Refuse, naming every differing field, a checkpoint of another model shape (before loading it)."""
+        """Refuse a checkpoint of another model shape or other data, naming every differing field at once
+        (before anything is loaded)."""
         problems = config_mismatches(shape_config(checkpoint.get("state_dict", {})), shape_config(self.state_dict()))
+        datamodule = self.trainer.datamodule
+        data_state = checkpoint.get(type(datamodule).__qualname__) if datamodule is not None else None
+        if data_state and hasattr(datamodule, "checkpoint_mismatches"):
+            problems += datamodule.checkpoint_mismatches(data_state)
         if problems:
-            raise CheckpointError("checkpoint does not match this run's model (resume needs the same shape):\n  "
+            raise CheckpointError("checkpoint does not match this run (a resume needs the same model and data):\n  "
                                   + "\n  ".join(problems))

@@ -49,9 +49,9 @@ def validate(config: Any) -> None:
         if value is not None and not isinstance(value, bool) and not OPS[op](value, bound):
             raise UsageError(f"--{key} must be {op} {bound:g} (got {value})")
     hidden, heads, kv = (config.get(f"model.{k}") for k in ("hidden_size", "num_attention_heads", "num_key_value_heads"))
-    if hidden % heads or (hidden // heads) % 2:
-        raise UsageError(f"--model.hidden_size must be a multiple of 2 x --model.num_attention_heads "
-                         f"(got {hidden} and {heads} heads)")
+    if hidden // heads < 2 or (hidden // heads) % 2:  # RoPE rotates pairs: the head size must be even
+        raise UsageError(f"--model.hidden_size // --model.num_attention_heads (the head size) must be even and >= 2 "
+                         f"(got {hidden} // {heads} = {hidden // heads})")
     if heads % kv:
         raise UsageError(f"--model.num_attention_heads must be a multiple of --model.num_key_value_heads (got {heads} and {kv})")
     if config.get("model.use_moe") and config.get("model.num_experts_per_tok") > config.get("model.num_experts"):

@@ -82,7 +82,7 @@ def run_cli(cwd: Path, args: list[str], *, kill_after_lines: int | None = None, 
         out.append(line)
         if LINE_RE.search(line):
             seen += 1
-        if line.startswith("@@stopped-in-save") or (kill_after_lines is not None and seen >= kill_after_lines):
+        if line.startswith(("@@stopped-in-save", "@@stopped-after-save")) or (kill_after_lines is not None and seen >= kill_after_lines):
             (os.killpg if kill_group else os.kill)(proc.pid, signal.SIGKILL)
             break
     try:

@@ -60,9 +60,24 @@ def test_checkpoint_quick(quick_run: tuple[Path, str]) -> None:
     data = load(out, "checkpoint")
     assert data["table"] in stdout and data["detail_table"] in stdout
     (r,) = data["results"]
-    assert set(r["save_s"]) == set(data["variants"])
-    assert all(positive(s) for s in [*r["save_s"].values(), *r["lightning_save_s"].values()])
-    assert 0 < r["bytes"]["weights_bytes"] < r["bytes"]["resume_bytes"] < r["bytes"]["callback_save_bytes"]
+    for key in ("bytes_ours", "bytes_minimind", "bytes_ratio_vs_minimind", "save_s", "bare_torch_save_s",
+                "async_stall_ratio", "minimind_save_s", "peak_extra_rss_bytes", "modes", "save_mode"):
+        assert key in r, key
+    ratio = r["bytes_ratio_vs_minimind"]
+    assert isinstance(ratio, float) and ratio > 0
+    assert ratio == pytest.approx(r["bytes_ours"] / r["bytes_minimind"])
+    # one save's bytes: the .ckpt and the export (+ manifests); _resume.pth is a hard link to the .ckpt, counted once
+    b = r["bytes"]
+    assert b["resume_is_hard_link_to_ckpt"]
+    assert r["bytes_ours"] == b["ours_ckpt"] + b["ours_export"] + b["ours_manifests"]
+    assert 0 < b["ours_export"] < b["ours_ckpt"] and 0 < b["ours_manifests"] < 4096
+    assert sum(b["minimind_files"].values()) == r["bytes_minimind"] > 0
+    assert set(r["modes"]) == ({"sync", "async"} if data["async_save_available"] else {"sync"})
+    assert r["save_mode"] == ("async" if data["async_save_available"] else "sync")
+    stats_ = [r["save_s"], r["bare_torch_save_s"], r["async_stall_ratio"], r["minimind_save_s"]]
+    stats_ += [m[k] for m in r["modes"].values() for k in ("save_s", "save_and_write_s", "bare_torch_save_s",
+                                                          "minimind_save_s", "stall_ratio")]
+    assert all(positive(s) for s in stats_) and r["save_s"]["n"] == data["reps"] >= 2
     assert r["step_s"] > 0 and r["slowdown_at_save_interval_1000"] > 0
     assert all(v >= 0 for v in r["peak_extra_rss_bytes"].values())
 

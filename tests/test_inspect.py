@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import MINIMIND, cli_env, need_shared, run_cli, tiny_args
 
@@ -28,10 +29,12 @@ def our_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_inspect_our_resume_file_and_lightning_ckpt(our_run: Path) -> None:
     info = json.loads(inspect(our_run / "checkpoints" / "pretrain_64_resume.pth", "--json").stdout)
-    assert info["valid"] and info["format"] == "minimind_resume" and info["written_by"] == "lit-minimind"
+    # _resume.pth is a hard link to the newest checkpoint: Lightning's format with MiniMind's keys
+    assert info["valid"] and info["format"] == "lightning" and info["written_by"] == "lit-minimind"
+    assert info["minimind_keys"] and not info["partial_gradients"]
     assert (info["epoch"], info["step"], info["world_size"], info["global_step"]) == (0, 12, 1, 6)
     assert info["model_config"]["hidden_size"] == 64 and info["model_config"]["num_hidden_layers"] == 2
-    assert info["parameters"] == 532832 and info["dtypes"] == {"float16": 25}
+    assert info["parameters"] == 532832 and info["dtypes"] == {"float32": 25}
     assert info["optimizer"]["steps"] == 6 and info["fp32_master_weights"] and info["manifest"]
     assert info["versions"]["torch"]
     ckpt = next((our_run / "checkpoints").glob("*_s12_*.ckpt"))
@@ -58,3 +61,98 @@ def test_inspect_reports_a_bad_file(tmp_path: Path) -> None:
     assert result.returncode == 1
     info = json.loads(result.stdout)
     assert info["valid"] is False and "truncated or corrupted" in info["error"]
+
+
+# ----------------------------------------------------------------------------- not a checkpoint, integrity, scaler
+
+
+def summarize(path: Path) -> dict:
+    from lit_minimind.inspect import summarize as summarize_
+
+    return json.loads(json.dumps(summarize_(path), default=str))
+
+
+def test_inspect_says_not_a_checkpoint_without_a_false_alarm(tmp_path: Path) -> None:
+    import pickle
+
+    files = {"config.json": json.dumps({"hidden_size": 64}).encode(), "README.md": b"# notes\n\nnot a model\n",
+             "random.bin": bytes((i * 7919 + 13) % 251 for i in range(4096)),
+             "data.pkl": pickle.dumps({"step": 3, "losses": [1.5, 1.2]}, protocol=4)}
+    for name, content in files.items():
+        (tmp_path / name).write_bytes(content)
+        info = summarize(tmp_path / name)
+        assert info["valid"] is False and "not a checkpoint" in info["error"], (name, info)
+        assert "refused" not in info["error"]  # no security alarm for a file that is simply not a checkpoint
+    result = inspect(tmp_path / "config.json", "--json")
+    assert result.returncode == 1 and "not a checkpoint: JSON" in json.loads(result.stdout)["error"]
+
+
+class _Hostile:
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("protocol", [2, 4])
+def test_inspect_refuses_a_plain_pickle_that_would_run_code(tmp_path: Path, protocol: int) -> None:
+    import pickle
+
+    marker = tmp_path / "pwned"
+    evil = tmp_path / "evil.pth"
+    evil.write_bytes(pickle.dumps({"model": {}, "payload": _Hostile(str(marker))}, protocol=protocol))
+    result = inspect(evil, "--json")
+    info = json.loads(result.stdout)
+    assert result.returncode == 1 and info["valid"] is False
+    assert "refused to load" in info["error"] and "system" in info["error"]
+    assert not marker.exists()
+
+
+def test_inspect_catches_a_flipped_byte_without_a_manifest(tmp_path: Path) -> None:
+    import shutil
+    import zipfile
+
+    need_shared()
+    path = tmp_path / "out__pretrain_64.pth"
+    shutil.copyfile(MINIMIND / "original_run" / "out__pretrain_64.pth", path)
+    info = summarize(path)
+    assert info["valid"] and info["verified"] and not info["manifest"]
+    record = zipfile.ZipFile(path).getinfo("pretrain_64/data/1")
+    data = bytearray(path.read_bytes())
+    data[record.header_offset + 30 + len(record.filename) + 5] ^= 0x01  # a byte of torch's alignment padding
+    path.write_bytes(bytes(data))
+    torch.load(path, weights_only=True)  # torch reads it without complaint ...
+    info = summarize(path)  # ... the verification does not
+    assert info["valid"] is False and "truncated or corrupted" in info["error"] and "padding" in info["error"]
+    data[record.header_offset + 30 + len(record.filename) + 5] ^= 0x01
+    data[record.header_offset + 200] ^= 0x01  # a byte of the tensor's data
+    path.write_bytes(bytes(data))
+    info = summarize(path)
+    assert info["valid"] is False and "CRC-32" in info["error"] and "pretrain_64/data/1" in info["error"]
+
+
+def test_inspect_shows_the_scaler_of_any_precision_plugin(tmp_path: Path) -> None:
+    from lightning.pytorch.plugins import MixedPrecision
+
+    from lit_minimind.precision import CPUFloat16Mixed
+
+    weights = {"model.head.weight": torch.zeros(8, 4)}
+    plugins = (CPUFloat16Mixed(init_scale=1024.0),
+               MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu", init_scale=256.0)))
+    for plugin in plugins:
+        key = type(plugin).__qualname__  # where Lightning's checkpoint connector stores the plugin's state
+        ckpt = {"state_dict": weights, "pytorch-lightning_version": "2.6.6", "global_step": 0, key: plugin.state_dict()}
+        path = tmp_path / f"{key}.ckpt"
+        torch.save(ckpt, path)
+        info = summarize(path)
+        assert info["format"] == "lightning"
+        assert info["scaler"] == {"scale": plugin.scaler.get_scale(), "growth_tracker": 0, "stored_under": key}
+    resume = {"model": {"head.weight": torch.zeros(8, 4).half()}, "optimizer": None, "epoch": 0, "step": 1,
+              "scaler": torch.amp.GradScaler("cpu", init_scale=64.0).state_dict()}
+    torch.save(resume, tmp_path / "resume.pth")
+    assert summarize(tmp_path / "resume.pth")["scaler"] == {"scale": 64.0, "growth_tracker": 0, "stored_under": "scaler"}
+    torch.save({**resume, "scaler": {}}, tmp_path / "no_scaler.pth")  # MiniMind without a scaler: {}
+    assert summarize(tmp_path / "no_scaler.pth")["scaler"] is None

@@ -40,7 +40,8 @@ def test_minimind_argv_reproduces_its_run_then_resume_with_nothing_left(tmp_path
     mapping = next(line for line in run.stdout.splitlines() if line.startswith("MiniMind flags: "))
     for pair in ["--epochs 1 -> --trainer.max_epochs 1", "--dtype float32 -> --trainer.precision 32-true",
                  "--device cpu -> --trainer.accelerator cpu --trainer.devices 1", "--use_moe 0 -> --model.use_moe false",
-                 "--accumulation_steps 2 -> --trainer.accumulate_grad_batches 2", "--save_interval 5 -> --resume.save_interval 5"]:
+                 "--accumulation_steps 2 -> --trainer.accumulate_grad_batches 2",
+                 "--save_interval 5 -> --resume.save_interval 5"]:
         assert pair in mapping
     assert_steps(run.steps, RUNS["dense_full"]["steps"])
     assert "Epoch 1/1: 100%" in run.stdout and "v_num" not in run.stdout  # the console's numbering

@@ -1,0 +1,1 @@
+"""Test-only code that the CLI under test imports (``--trainer.callbacks tests.helpers...``)."""

@@ -1,0 +1,44 @@
+"""A callback that sends its own process a signal at one moment of start-up (test-only)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+import lightning as L
+
+
+class SignalAt(L.Callback):
+    """Send ``signame`` to this process in ``phase``: ``setup`` (before restore and before Lightning
+    registers its handlers), ``on_load_checkpoint`` (during restore), ``on_fit_start`` (after restore),
+    ``train_dataloader`` (after Lightning's handler registration, before training) or
+    ``on_train_batch_start`` (during the first batch)."""
+
+    def __init__(self, phase: str, signame: str = "SIGTERM") -> None:
+        self.phase, self.signum, self.sent = phase, getattr(signal, signame), False
+
+    def _send(self, phase: str) -> None:
+        if phase == self.phase and not self.sent:
+            self.sent = True
+            os.kill(os.getpid(), self.signum)
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._send("setup")
+        if self.phase == "train_dataloader":
+            make = trainer.datamodule.train_dataloader
+
+            def train_dataloader() -> Any:
+                self._send("train_dataloader")
+                return make()
+
+            trainer.datamodule.train_dataloader = train_dataloader
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        self._send("on_load_checkpoint")
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._send("on_fit_start")
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+        self._send("on_train_batch_start")

@@ -1,0 +1,134 @@
+"""Kill chains: a run SIGKILLed again and again - right after an epoch-end save, inside and after
+mid-epoch saves, in teardown after its final save - ends exactly like the run never interrupted."""
+
+from __future__ import annotations
+
+import random
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import TINY_JSONL, cli_env, need_shared, run_cli, tiny_args
+
+COMMITS_PER_SAVE = 3  # the checkpoint, MiniMind's _resume.pth link, the fp16 export
+
+
+def doubled_data(tmp_path: Path) -> Path:
+    """96 records: 24 batches of 4 per epoch."""
+    path = tmp_path / "data96.jsonl"
+    path.write_text(TINY_JSONL.read_text() * 2)
+    return path
+
+
+def final_weights(run_dir: Path) -> tuple[dict, dict]:
+    export = torch.load(run_dir / "out" / "pretrain_64.pth", weights_only=True)
+    resume = torch.load(run_dir / "checkpoints" / "pretrain_64_resume.pth", weights_only=True)
+    return export, resume["state_dict"]
+
+
+def assert_same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), f"{key} differs"
+
+
+def chain(run_dir: Path, args: list[str], stops: list[tuple[str, int | str]]) -> list:
+    """One process per stop: SIGKILLed in or right after its N-th file commit; then one to finish."""
+    runs = []
+    for moment, commit in stops:
+        env = cli_env(**{f"LIT_MINIMIND_TEST_STOP_{moment.upper()}_SAVE": str(commit)})
+        run = run_cli(run_dir, args + ["--ckpt_path", "last"], env=env)
+        runs.append(run)
+        if run.returncode == 0:
+            break
+        assert run.returncode == -9, run.stderr[-3000:]
+    final = run_cli(run_dir, args + ["--ckpt_path", "last"])
+    assert final.returncode == 0, final.stderr[-3000:]
+    return runs + [final]
+
+
+def test_resumes_at_epoch_boundaries_move_forward(tmp_path: Path) -> None:
+    """Saves only at epoch ends; each process is killed right after its first checkpoint commit."""
+    need_shared()
+    args = tiny_args(epochs=4, accumulate=2, save_interval=1000) + ["--data.data_path", str(doubled_data(tmp_path))]
+    ref_dir, run_dir = tmp_path / "ref", tmp_path / "run"
+    ref_dir.mkdir(), run_dir.mkdir()
+    ref = run_cli(ref_dir, args)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    runs = chain(run_dir, args, [("after", "1:.ckpt")] * 4)
+    starts = [re.search(r"resuming at the start of epoch (\d+)", r.stderr + r.stdout) for r in runs[1:]]
+    assert [int(m[1]) for m in starts if m] == [2, 3, 4, 5][: len(starts)], [r.stderr[-800:] for r in runs]
+    assert "global steps" in runs[-1].stdout
+    for run in runs:
+        for key, values in run.steps.items():
+            assert values == ref.steps[key], key
+    assert_same(final_weights(run_dir)[0], final_weights(ref_dir)[0])
+    assert_same(final_weights(run_dir)[1], final_weights(ref_dir)[1])
+    ckpts = [p.name for p in (run_dir / "checkpoints").glob("*_e3_s24_*.ckpt")]
+    assert len(ckpts) == 1, f"the last epoch was saved more than once: {ckpts}"
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_mid_epoch_kill_chain_is_exact(tmp_path: Path, seed: int) -> None:
+    """save_interval 7 against accumulation 2: saves mid-window and at epoch ends; kills inside
+    and right after random commits, six times."""
+    need_shared()
+    args = tiny_args(epochs=4, accumulate=2, save_interval=7) + ["--data.data_path", str(doubled_data(tmp_path))]
+    ref_dir, run_dir = tmp_path / "ref", tmp_path / "run"
+    ref_dir.mkdir(), run_dir.mkdir()
+    ref = run_cli(ref_dir, args)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    rng = random.Random(seed)
+    stops = [(rng.choice(["in", "after"]), rng.randint(1, 3 * COMMITS_PER_SAVE)) for _ in range(6)]
+    runs = chain(run_dir, args, stops)
+    positions = [m for r in runs[1:] for m in re.findall(r"resuming (?:epoch (\d+) at step (\d+)|at the start of epoch (\d+))",
+                                                          r.stderr + r.stdout)]
+    order = [(int(e or s), int(k or 1)) for e, k, s in positions]
+    assert order == sorted(order), f"a resume went backwards: {order}"
+    seen = {}
+    for run in runs:
+        for key, values in run.steps.items():
+            assert values == ref.steps[key], key
+            seen[key] = values
+    assert seen.keys() == ref.steps.keys()
+    assert_same(final_weights(run_dir)[0], final_weights(ref_dir)[0])
+    assert_same(final_weights(run_dir)[1], final_weights(ref_dir)[1])
+
+
+def test_kill_in_teardown_after_the_final_save_trains_nothing_again(tmp_path: Path) -> None:
+    need_shared()
+    args = tiny_args(epochs=2, accumulate=2, save_interval=100)  # saves at the two epoch ends
+    ref_dir, run_dir = tmp_path / "ref", tmp_path / "run"
+    ref_dir.mkdir(), run_dir.mkdir()
+    assert run_cli(ref_dir, args).returncode == 0
+    runs = chain(run_dir, args, [("after", 2 * COMMITS_PER_SAVE)])  # after the final export: in teardown
+    assert runs[0].returncode == -9 and len(runs[0].steps) == 24
+    assert runs[1].steps == {}, "a finished run trained again after its resume"
+    assert "global steps: 12" in runs[1].stdout
+    assert_same(final_weights(run_dir)[0], final_weights(ref_dir)[0])
+    assert len(list((run_dir / "checkpoints").glob("*_e1_s12_*.ckpt"))) == 1
+
+
+def test_best_checkpoint_records_its_own_position(tmp_path: Path) -> None:
+    """``{stem}_best.ckpt`` is written at validation (after batch 6), between saves (4, 8): resuming from
+    it continues after batch 6, exactly."""
+    need_shared()
+    args = tiny_args(epochs=2, accumulate=2, save_interval=4) + [
+        "--data.val_fraction", "0.1", "--trainer.val_check_interval", "6", "--trainer.num_sanity_val_steps", "0"]
+    ref_dir, run_dir = tmp_path / "ref", tmp_path / "run"
+    ref_dir.mkdir(), run_dir.mkdir()
+    ref = run_cli(ref_dir, args)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    killed = run_cli(run_dir, args, env=cli_env(LIT_MINIMIND_TEST_STOP_AFTER_SAVE="1:_best.ckpt"))
+    assert killed.returncode == -9 and max(killed.steps) >= (1, 6)  # async: training runs on while it is written
+    best = torch.load(run_dir / "checkpoints" / "pretrain_64_best.ckpt", weights_only=True)
+    assert (best["epoch"], best["step"], best["MiniMindDataModule"]["step"]) == (0, 6, 6)
+    resumed = run_cli(run_dir, args + ["--ckpt_path", "checkpoints/pretrain_64_best.ckpt"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming epoch 1 at step 7/11: skipping 6 trained batches" in resumed.stderr
+    assert min(resumed.steps) == (1, 7)
+    for key, values in resumed.steps.items():
+        assert values == ref.steps[key], key
+    assert_same(final_weights(run_dir)[0], final_weights(ref_dir)[0])
