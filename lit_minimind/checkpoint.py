@@ -128,8 +128,11 @@ def _test_pause(path: Path, moment: str) -> None:
     if _commits_in_process[moment] == int(count):
         import signal
 
+        import threading
+
         print(f"@@stopped-{moment}-save {path}", flush=True)
-        os.kill(os.getpid(), signal.SIGSTOP)
+        # to this thread (the background writer, maybe): it stops here, before its next instruction
+        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
 
 
 def atomic_save(obj: Any, path: str | os.PathLike, meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
