@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: fit test test-compat bench install clean
+.PHONY: fit test test-slow test-compat bench bench-gpu install clean
 
 $(STAMP): pyproject.toml setup.cfg
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,11 @@ fit: $(STAMP)
 	$(PY) -m lit_minimind.fit $(ARGS)
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 tests $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 2 -m "not slow" tests $(PYTEST_ARGS)
+
+# minutes-long checks (torch.compile on CPU, ...): CI runs them after `make test`
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -n 2 -m slow tests $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run_all

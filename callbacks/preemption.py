@@ -1,10 +1,13 @@
 """Preemption signals as a request to stop cleanly (hand-written: Lightning only handles SIGTERM,
-by raising at the end of the current batch, mid accumulation window, and never saves first)."""
+by raising at the end of the current batch, mid accumulation window, and never saves first); on
+clusters, SIGUSR1 under SLURM then requeues the job, and a lost DDP peer ends the run with one line."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
+import sys
 import threading
 from types import FrameType
 from typing import Any
@@ -66,3 +69,110 @@ class StopRequest:
 
 
 STOP = StopRequest()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Clusters: SIGUSR1 under SLURM requeues the job; a lost DDP peer ends the run with one line of advice.
+
+REQUEUE_SIGNAL = "SIGUSR1"  # SLURM's --signal=USR1@<seconds>: the job is about to reach its time limit
+LOST_PEER_EXIT = 3  # exit code of a rank whose DDP peer died or stopped answering
+REQUEUE_FAILED_EXIT = 4  # the checkpoint is saved but `scontrol requeue` failed: resubmit the job
+
+
+def under_slurm() -> bool:
+    """A SLURM job as Lightning's ``SLURMEnvironment`` sees one: ``SLURM_NTASKS`` set (an ``srun``/``sbatch``
+    task) and a job name other than ``bash``/``interactive`` (an interactive allocation is not managed)."""
+    return ("SLURM_JOB_ID" in os.environ and "SLURM_NTASKS" in os.environ
+            and os.environ.get("SLURM_JOB_NAME") not in ("bash", "interactive"))
+
+
+def slurm_job_id() -> str:
+    """``SLURM_JOB_ID``, or ``{array job}_{task}`` for an array task (what ``scontrol requeue`` takes)."""
+    array_job = os.environ.get("SLURM_ARRAY_JOB_ID")
+    if array_job is not None and "SLURM_ARRAY_TASK_ID" in os.environ:
+        return f"{array_job}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+    return os.environ["SLURM_JOB_ID"]
+
+
+def cluster_plugins(plugins: list[Any], strategy: Any = None) -> list[Any]:
+    """What ``python -m lit_minimind.fit`` adds to ``Trainer(plugins=...)``: under SLURM (and not under
+    torchrun, which Lightning prefers), ``SLURMEnvironment(auto_requeue=False)``, so that Lightning neither
+    registers its SIGUSR1 handler (an ``hpc_ckpt_*.ckpt`` mid accumulation window, then a requeue before
+    our checkpoint is on disk) nor resumes from such a file: SIGUSR1 is :data:`STOP`'s, and
+    :func:`requeue_if_preempted` requeues once the checkpoint is committed. Nothing when the user chose a
+    cluster environment (``--trainer.plugins``, or the strategy's own)."""
+    from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment, TorchElasticEnvironment
+
+    if not under_slurm() or TorchElasticEnvironment.detect():
+        return []
+    if any(isinstance(p, ClusterEnvironment) for p in plugins) or getattr(strategy, "cluster_environment", None):
+        return []
+    return [SLURMEnvironment(auto_requeue=False)]
+
+
+def requeue_if_preempted(trainer: Any, stopped_by: str | None, ckpt_path_flag: str | None = None) -> int:
+    """After ``trainer.fit`` returned (every checkpoint write finished and verified: a failed one raised
+    before this), under SLURM, when training was stopped by SIGUSR1 on any rank: global rank 0 runs
+    ``scontrol requeue <job id>``. Returns the exit code: 0, or :data:`REQUEUE_FAILED_EXIT`.
+
+    Call it on every rank (one small all-reduce under DDP, to agree whether SIGUSR1 was the reason)."""
+    if stopped_by is None or not under_slurm():  # the same on every rank: the collective below is safe
+        return 0
+    wait = getattr(trainer.strategy.checkpoint_io, "wait", None)
+    if wait is not None:
+        wait()  # already done by ResumeCallback at the end of training; the requeue must come after it
+    usr1 = STOP.signal_name == REQUEUE_SIGNAL
+    if trainer.world_size > 1:
+        flag = torch.tensor([float(usr1)], device=trainer.strategy.root_device)
+        usr1 = bool(trainer.strategy.reduce(flag, reduce_op="max").item() > 0)
+    if not usr1 or not trainer.is_global_zero:
+        return 0
+    job_id = slurm_job_id()
+    if trainer.max_epochs is not None and 0 <= trainer.max_epochs <= trainer.current_epoch or \
+            0 < trainer.max_steps <= trainer.global_step:
+        print(f"SLURM: {REQUEUE_SIGNAL} came as training finished; job {job_id} not requeued", flush=True)
+        return 0
+    if ckpt_path_flag != "last":
+        print("SLURM: warning: the requeued job runs the same command, which lacks --ckpt_path last: "
+              "it will start over instead of resuming", file=sys.stderr, flush=True)
+    import subprocess
+
+    try:
+        result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
+        code, detail = result.returncode, (result.stderr or result.stdout).strip()
+    except OSError as err:  # scontrol not on PATH
+        code, detail = -1, str(err)
+    if code != 0:
+        print(f"error: SLURM: scontrol requeue {job_id} failed ({detail or f'exit {code}'}): the checkpoint "
+              "is saved; resubmit the job (it resumes with --ckpt_path last)", file=sys.stderr, flush=True)
+        return REQUEUE_FAILED_EXIT
+    print(f"SLURM: checkpoint committed; requeued job {job_id} (scontrol requeue {job_id}): "
+          "it resumes from the checkpoint with --ckpt_path last", flush=True)
+    return 0
+
+
+_LOST_PEER = re.compile(r"\bgloo\b|\bnccl\b|connection (closed|reset|refused)|by peer|broken pipe|timed out|"
+                        r"\btimeout\b|\bTCPStore\b|heartbeat", re.IGNORECASE)
+
+
+def lost_peer_advice(error: BaseException) -> str | None:
+    """One ``error:`` line when ``error``, raised in a DDP job, says a peer died or stopped answering
+    (gloo raises a connection error at once when a peer's process dies, and a timeout after the process
+    group's ``timeout`` when a peer hangs or its machine is gone); ``None`` for any other error."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return None
+    if dist.is_initialized():
+        world_size, rank = dist.get_world_size(), dist.get_rank()
+    else:  # the process group could not form (a node never came, or died while it formed)
+        world_size, rank = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0))
+    dist_error = isinstance(error, getattr(dist, "DistError", ()))  # DistBackendError, DistStoreError, ...
+    peer_error = dist.is_initialized() and isinstance(error, RuntimeError) and _LOST_PEER.search(str(error))
+    if world_size <= 1 or not (dist_error or peer_error):
+        return None
+    first = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+    first = re.sub(r"^\[[^\]]*\]\s*", "", first).split(". ")[0].rstrip(".")  # no source location, one sentence
+    return (f"[rank {rank}] error: lost contact with another process of this {world_size}-process DDP job "
+            f"({first[:200]}). Training stopped; work since the last checkpoint is lost. Restart every node "
+            "with the same command plus --ckpt_path last")

@@ -24,7 +24,7 @@ from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from callbacks import MiniMindConsole, ResumeCallback, resolve_last
-from callbacks.preemption import STOP
+from callbacks.preemption import LOST_PEER_EXIT, STOP, cluster_plugins, lost_peer_advice, requeue_if_preempted
 from callbacks.wandb_run import continue_wandb_run
 from lightning.fabric.plugins import CheckpointIO
 from lit_minimind.lightning_io import SafeCheckpointIO
@@ -64,6 +64,7 @@ class MiniMindCLI(LightningCLI):
 
     def parse_arguments(self, parser: Any, args: Any) -> None:
         """jsonargparse's errors (raised: exit_on_error=False) as one line naming the flag."""
+        self.given_args = list(args)  # for sft_weight_default
         try:  # args is main()'s translated argv: parse it as the command line (no "args and sys.argv" warning)
             self.config = parser.parse_args(args)
         except ArgumentError as err:
@@ -72,6 +73,7 @@ class MiniMindCLI(LightningCLI):
         validate(self.config)  # every value a user can type, before anything is seeded or built
 
     def before_instantiate_classes(self) -> None:
+        sft_weight_default(self.config, self.parser, self.given_args)
         trainer = self.config.get("trainer")
         own_bar = any("ProgressBar" in str(getattr(cb, "class_path", cb)) for cb in trainer.get("callbacks") or [])
         if trainer.get("enable_progress_bar") is not False and not own_bar:
@@ -83,6 +85,7 @@ class MiniMindCLI(LightningCLI):
         plugins = [] if plugins is None else list(plugins) if isinstance(plugins, list) else [plugins]
         if not any(isinstance(p, CheckpointIO) for p in plugins):
             plugins.append(SafeCheckpointIO())
+        plugins += cluster_plugins(plugins, (self.config_init.get("trainer") or {}).get("strategy"))  # SLURM: SIGUSR1 is ours
         return super().instantiate_trainer(plugins=plugins, **kwargs)
 
     def instantiate_classes(self) -> None:
@@ -92,6 +95,28 @@ class MiniMindCLI(LightningCLI):
             if isinstance(err, (DataError, UsageError)):
                 raise
             raise UsageError(str(err).strip().splitlines()[0]) from None
+
+
+def sft_weight_default(config: Any, parser: Any, args: list[str]) -> None:
+    """On SFT data, files are named ``full_sft`` (MiniMind's ``train_full_sft.py``), not ``pretrain``,
+    unless ``--resume.weight`` (``--save_weight``, a ``--config``) names them; so a fine-tune never
+    overwrites the ``out/pretrain_*.pth`` it starts from."""
+    if config.get("resume.weight") != "pretrain":
+        return
+    kind, data_path = config.get("data.kind") or "auto", config.get("data.data_path")
+    if kind == "auto":
+        from lit_minimind.dataset import detect_kind
+
+        kind = detect_kind(data_path) if data_path else "pretrain"  # DataError: the file is unusable anyway
+    if kind != "sft":
+        return
+    try:  # what the user gave, defaults left out (the linked --log_interval must be present)
+        given = parser.parse_args(["--log_interval", "0", *args], defaults=False).get("resume.weight")
+    except (ArgumentError, SystemExit):
+        return
+    if given is None:
+        config["resume.weight"] = "full_sft"
+        rank_zero_print("SFT data: files named full_sft (MiniMind's train_full_sft.py; --resume.weight to change)")
 
 
 def resolve_ckpt_path(ckpt_path: str | None, resume: ResumeCallback, model: LitMiniMind) -> str | None:
@@ -181,6 +206,7 @@ def main(args: list[str] | None = None) -> int:
         ckpt_path = resolve_ckpt_path(cli.config.get("ckpt_path"), resume, cli.model)
         if ckpt_path:  # Lightning starts the wandb run before it restores callbacks: attach now
             continue_wandb_run(cli.trainer, peek_wandb_id(ckpt_path))
+            console.continue_logs(cli.trainer, ckpt_path)  # CSV logs: the checkpoint's log directory
         start = weight_path(cli.config.get("from_weight"), resume.out_dir, cli.model.config.hidden_size,
                             cli.model.config.use_moe)
         if start is not None and ckpt_path is None:  # MiniMind's --from_weight: only when not resuming
@@ -193,12 +219,20 @@ def main(args: list[str] | None = None) -> int:
     except (CheckpointError, DataError, UsageError) as err:
         print(f"error: {name_origins(str(err), origins)}", file=sys.stderr)
         return 2
+    except Exception as err:  # a DDP peer died or timed out: one line and exit 3, no hang, no traceback
+        advice = lost_peer_advice(err)
+        if advice is None:
+            raise
+        print(advice, file=sys.stderr, flush=True)
+        return LOST_PEER_EXIT
     log_dir = cli.trainer.log_dir  # a collective under DDP: every rank asks
     if cli.trainer.is_global_zero:
         print(summary(cli, resume, console, log_dir), flush=True)
+    # SLURM + SIGUSR1: rank 0 requeues the job, now that the stop's checkpoint is committed on disk
+    code = requeue_if_preempted(cli.trainer, resume.stopped_by, cli.config.get("ckpt_path"))
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()  # a clean exit for every rank
-    return 0
+    return code
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from lit_minimind.checkpoint import CheckpointError, checkpoint_kind, checkpoint_stem, read_checkpoint, unwrap_model
+from lit_minimind.checkpoint import CheckpointError, checkpoint_stem, read_checkpoint, unwrap_model
+from lit_minimind.minimind_format import model_weights
 
 
 def weight_path(value: str, out_dir: str | Path, hidden_size: int, use_moe: bool) -> Path | None:
@@ -20,15 +21,6 @@ def weight_path(value: str, out_dir: str | Path, hidden_size: int, use_moe: bool
     return Path(out_dir) / f"{checkpoint_stem(value, hidden_size, use_moe)}.pth"
 
 
-def _weights(ckpt: dict) -> dict[str, torch.Tensor]:
-    kind = checkpoint_kind(ckpt)
-    if kind == "minimind_resume":
-        return ckpt["model"]
-    if kind == "lightning":  # LitMiniMind's keys are "model." + MiniMind's
-        return {k[len("model."):]: v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
-    return ckpt
-
-
 def load_start_weights(model: nn.Module, path: str | Path) -> str:
     """Load the MiniMind weights in ``path`` (fp16 export, resume file or Lightning checkpoint) into ``model``.
 
@@ -39,7 +31,7 @@ def load_start_weights(model: nn.Module, path: str | Path) -> str:
     if not Path(path).is_file():
         raise CheckpointError(f"--from_weight: {path}: no such weight file")
     target = unwrap_model(model)
-    state = _weights(read_checkpoint(path))
+    state = model_weights(read_checkpoint(path))
     own = target.state_dict()
     bad = [f"{k} {tuple(v.shape)} vs {tuple(own[k].shape)}" for k, v in state.items() if k in own and v.shape != own[k].shape]
     if bad:

@@ -20,23 +20,18 @@ import torch
 from tokenizers import Tokenizer
 
 from lit_minimind.chat_template import load_chat_template, render_chat
-from lit_minimind.checkpoint import CheckpointError, checkpoint_kind, read_checkpoint, shape_config
+from lit_minimind.checkpoint import CheckpointError, read_checkpoint, shape_config
+from lit_minimind.minimind_format import model_weights
 from lit_minimind.model import MiniMindConfig, MiniMindForCausalLM
 from lit_minimind.tokenizer import BOS_ID, EOS_ID, build_default_tokenizer, encode, load_tokenizer
 
 
 def load_model(path: str) -> MiniMindForCausalLM:
     """A float32 model, in eval mode, from any checkpoint holding MiniMind weights."""
-    ckpt = read_checkpoint(path)
-    kind = checkpoint_kind(ckpt)
-    if kind == "weights":
-        weights = ckpt
-    elif kind == "minimind_resume":
-        weights = (ckpt.get("lit_minimind") or {}).get("model_fp32") or ckpt["model"]
-    elif kind == "lightning":
-        weights = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items()}
-    else:
-        raise CheckpointError(f"{path}: no MiniMind weights found")
+    try:
+        weights = model_weights(read_checkpoint(path))
+    except ValueError:
+        raise CheckpointError(f"{path}: no MiniMind weights found") from None
     fields = {k: v for k, v in shape_config(weights).items() if v is not None}
     model = MiniMindForCausalLM(MiniMindConfig(**fields))
     model.load_state_dict({k: v.float() for k, v in weights.items()}, strict=True)

@@ -78,35 +78,54 @@ def loops_at(template: dict[str, Any], position: DataPosition, accumulate: int, 
     return None
 
 
-def snapshot(obj: Any, memo: dict[Any, Any] | None = None) -> Any:
-    """A copy of ``obj`` that training can no longer change: containers copied, tensors cloned to CPU
-    (pinned on CUDA), shared objects and storages kept shared so ``torch.save`` still writes each once."""
-    memo = {} if memo is None else memo
-    if isinstance(obj, torch.Tensor):
-        key = (obj.untyped_storage().data_ptr(), obj.storage_offset(), tuple(obj.shape), tuple(obj.stride()), obj.dtype)
-        if key not in memo:
-            if obj.is_cuda:
-                memo[key] = torch.empty_like(obj, device="cpu", pin_memory=True).copy_(obj, non_blocking=True)
-            else:
-                memo[key] = obj.detach().clone()
-        return memo[key]
-    if isinstance(obj, (dict, list, tuple)):
-        if id(obj) in memo:
-            return memo[id(obj)]
-        if isinstance(obj, dict):
-            copied: Any = {k: snapshot(v, memo) for k, v in obj.items()}
-        else:
-            copied = type(obj)(snapshot(v, memo) for v in obj) if not hasattr(obj, "_fields") else obj
-        memo[id(obj)] = copied
+class Snapshot:
+    """Copies a checkpoint dict so training can go on while it is written: containers copied, tensors
+    copied to CPU (pinned memory on CUDA), shared objects and storages kept shared (``torch.save``
+    still writes each once). The copy's buffers are reused by the next snapshot - the same state has
+    the same tensors - so a save does not pay for fresh memory each time; the caller makes sure the
+    previous copy was written before taking the next one."""
+
+    def __init__(self) -> None:
+        self._buffers: list[torch.Tensor] = []
+        self._used: list[torch.Tensor] = []
+
+    def __call__(self, obj: Any) -> Any:
+        self._used = []
+        copied = self._copy(obj, {})
+        self._buffers = self._used
+        if any(b.is_pinned() for b in self._used):
+            torch.cuda.synchronize()  # the device-to-host copies are complete before the writer reads them
         return copied
-    return obj
+
+    def _copy(self, obj: Any, memo: dict[Any, Any]) -> Any:
+        if isinstance(obj, torch.Tensor):
+            key = (obj.untyped_storage().data_ptr(), obj.storage_offset(), tuple(obj.shape), tuple(obj.stride()), obj.dtype)
+            if key not in memo:
+                memo[key] = self._tensor(obj)
+            return memo[key]
+        if isinstance(obj, (dict, list, tuple)) and not hasattr(obj, "_fields"):
+            if id(obj) not in memo:
+                items = obj.items() if isinstance(obj, dict) else enumerate(obj)
+                copied = {k: self._copy(v, memo) for k, v in items}
+                memo[id(obj)] = copied if isinstance(obj, dict) else type(obj)(copied.values())
+            return memo[id(obj)]
+        return obj
+
+    def _tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        i = len(self._used)
+        buffer = self._buffers[i] if i < len(self._buffers) else None
+        if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
+            buffer = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=tensor.is_cuda)
+        buffer.copy_(tensor.detach(), non_blocking=tensor.is_cuda)
+        self._used.append(buffer)
+        return buffer
 
 
 class SafeCheckpointIO(TorchCheckpointIO):
     """Lightning checkpoint storage: atomic, checksummed writes; ``weights_only``, verified reads;
     original MiniMind resume files converted on load.
 
-    With ``async_writes`` a save blocks only for :func:`snapshot`; serialization, checksum, fsync and
+    With ``async_writes`` a save blocks only for a :class:`Snapshot`; serialization, checksum, fsync and
     rename run on one background thread, in submission order, followed by whatever :meth:`submit`
     queues (MiniMind's files). A failed write is kept for :meth:`take_error` and skips the jobs
     queued after it; :meth:`wait` returns once everything submitted is on disk.
@@ -118,6 +137,7 @@ class SafeCheckpointIO(TorchCheckpointIO):
         self._error: OSError | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._futures: list[Future] = []
+        self._snapshot = Snapshot()
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
         """Atomic write; an OSError is kept for :meth:`take_error` instead of raised, so that rank 0
@@ -125,9 +145,8 @@ class SafeCheckpointIO(TorchCheckpointIO):
         meta = {k: checkpoint[k] for k in MANIFEST_FIELDS if k in checkpoint}
         meta["run_id"] = (checkpoint.get("callbacks") or {}).get("ResumeCallback", {}).get("run_id")
         if self.async_writes:
-            checkpoint = snapshot(checkpoint)
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()  # the pinned copies are complete before the writer reads them
+            self.wait()  # the previous snapshot's buffers are reused: it must be on disk
+            checkpoint = self._snapshot(checkpoint)
         self.submit(lambda: atomic_save(checkpoint, path, {"kind": "lightning", **meta}))
 
     def submit(self, job: Callable[[], Any]) -> None:

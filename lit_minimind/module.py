@@ -7,7 +7,6 @@ from typing import Any
 
 import lightning as L
 import torch
-from torchmetrics.aggregation import MeanMetric
 
 from lit_minimind.checkpoint import CheckpointError, config_mismatches, shape_config
 from lit_minimind.model import MiniMindConfig, MiniMindForCausalLM
@@ -34,6 +33,8 @@ class LitMiniMind(L.LightningModule):
         learning_rate: peak LR of MiniMind's cosine rule.
         warmup_steps: linear warmup in micro-batches (0 = MiniMind).
         weight_decay: AdamW weight decay (torch's default 0.01, as MiniMind).
+        compile: ``torch.compile`` the model's forward (MiniMind's ``--use_compile 1``); its state dict,
+            and so every checkpoint, keeps MiniMind's keys.
     """
 
     def __init__(
@@ -50,6 +51,7 @@ class LitMiniMind(L.LightningModule):
         learning_rate: float = 5e-4,
         warmup_steps: int = 0,
         weight_decay: float = 0.01,
+        compile: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -65,7 +67,9 @@ class LitMiniMind(L.LightningModule):
             dropout=dropout,
         )
         self.model = MiniMindForCausalLM(self.config)
-        self.mean_loss = MeanMetric()
+        if compile:
+            self.model.compile()  # in place: no ``_orig_mod.`` wrapper, state dict keys unchanged
+        self.epoch_loss = torch.zeros(2)  # running (sum, count) of this epoch's losses: no host sync per batch
         self.last_stats: dict[str, torch.Tensor] = {}
 
     # ----------------------------------------------------------------- schedule
@@ -95,12 +99,22 @@ class LitMiniMind(L.LightningModule):
         out = self.model(input_ids, labels=labels)
         loss = out.loss + out.aux_loss
         self.last_stats = {"loss": loss.detach(), "logits_loss": out.loss.detach(), "aux_loss": out.aux_loss.detach(), "lr": lr}
-        self.mean_loss.update(loss.detach())
-        # per-micro-batch metrics go to the loggers from callbacks.MiniMindConsole (Lightning's
-        # self.log skips micro-batches inside an accumulation window); these feed the progress bar
-        self.log("loss_step", loss.detach(), prog_bar=True, logger=False)
-        self.log("mean_loss", self.mean_loss, on_step=False, on_epoch=True, prog_bar=True)
+        self.epoch_loss = self.epoch_loss.to(loss.device) + torch.stack([loss.detach().float(), loss.new_ones(()).float()])
+        # per-micro-batch metrics go to the loggers from callbacks.MiniMindConsole, batched at its
+        # log interval (Lightning's self.log would turn them into numbers, a host sync, every batch)
         return loss
+
+    def on_train_epoch_start(self) -> None:
+        restored, self._restored_epoch_loss = getattr(self, "_restored_epoch_loss", None), None
+        if restored is not None and restored["epoch"] == self.current_epoch:  # resumed inside this epoch
+            self.epoch_loss = restored["sum_count"].to(self.device)
+        else:
+            self.epoch_loss = torch.zeros(2, device=self.device)
+
+    def on_train_epoch_end(self) -> None:
+        total, count = self.epoch_loss
+        if count > 0:  # one host sync per epoch
+            self.log("mean_loss", total / count, prog_bar=True, sync_dist=True)
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         input_ids, labels = batch
@@ -113,6 +127,8 @@ class LitMiniMind(L.LightningModule):
     # ----------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["model_config"] = self.config.to_dict()
+        # a resume inside the epoch keeps the epoch's running mean
+        checkpoint["epoch_loss"] = {"epoch": self.current_epoch, "sum_count": self.epoch_loss.detach().cpu()}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint of another model shape or other data, naming every differing field at once
@@ -125,3 +141,4 @@ class LitMiniMind(L.LightningModule):
         if problems:
             raise CheckpointError("checkpoint does not match this run (a resume needs the same model and data):\n  "
                                   + "\n  ".join(problems))
+        self._restored_epoch_loss = checkpoint.get("epoch_loss")

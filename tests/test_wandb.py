@@ -6,47 +6,19 @@ from pathlib import Path
 
 import torch
 
-import os
-import signal
-import subprocess
-import sys
-import time
-
-from conftest import LINE_RE, MINIMIND, ROOT, cli_env, need_shared, run_cli, tiny_args
+from conftest import MINIMIND, ROOT, cli_env, need_shared, run_cli, tiny_args
 from wandb_files import run_summary
 
 KEYS = ("loss", "logits_loss", "aux_loss", "learning_rate")
 
 
-def logged_steps(run_dir: Path) -> set[int]:
-    files = list(run_dir.glob("run-*.wandb"))
-    if not files:
-        return set()
-    return {int(row["micro_step"]) for row in run_summary(run_dir)["history"] if "micro_step" in row}
-
-
 def kill_in_save(cwd: Path, args: list[str], save_number: int) -> int:
-    """SIGKILL the run inside its ``save_number``-th file write, once wandb's service has written
-    every row logged so far to disk (polled: wandb flushes its run file every second)."""
-    env = cli_env(LIT_MINIMIND_TEST_STOP_IN_SAVE=str(save_number))
-    before = set((cwd / "wandb").glob("offline-run-*")) if (cwd / "wandb").exists() else set()
-    proc = subprocess.Popen([sys.executable, "-m", "lit_minimind.fit", *args], cwd=cwd, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
-    printed = []
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if m := LINE_RE.search(line):
-            printed.append((int(m[1]), int(m[3]), int(m[4])))
-        if line.startswith("@@stopped-in-save"):
-            break
-    epoch, step, iters = printed[-1]
-    expected = (epoch - 1) * iters + step  # the saved step's row is logged before its save
-    (run_dir,) = set((cwd / "wandb").glob("offline-run-*")) - before
-    deadline = time.monotonic() + 60
-    while max(logged_steps(run_dir), default=0) < expected and time.monotonic() < deadline:
-        time.sleep(0.2)  # polling a condition, bounded: wandb's service writes on its own clock
-    os.killpg(proc.pid, signal.SIGKILL)
-    return proc.wait()
+    """SIGKILL the run (wandb's service too) inside its ``save_number``-th file write, at once: rows
+    wandb had not written to its run file yet are logged again by the resumed run (the checkpoint
+    carries them)."""
+    killed = run_cli(cwd, args, env=cli_env(LIT_MINIMIND_TEST_STOP_IN_SAVE=str(save_number)))
+    assert "@@stopped-in-save" in killed.stdout
+    return killed.returncode
 
 
 def wandb_args() -> list[str]:

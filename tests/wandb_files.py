@@ -12,6 +12,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from google.protobuf.message import DecodeError
 from wandb.proto import wandb_internal_pb2
 
 BLOCK = 32 * 1024
@@ -28,6 +29,8 @@ def records(path: Path) -> list[Any]:
             pos += left_in_block
             continue
         _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if pos + 7 + length > len(data):
+            break  # the tail of a file whose writer was SIGKILLed mid-record
         chunk = data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind == 0 and length == 0:
@@ -43,7 +46,10 @@ def records(path: Path) -> list[Any]:
         elif kind == 4:
             pending += chunk
         record = wandb_internal_pb2.Record()
-        record.ParseFromString(pending)
+        try:
+            record.ParseFromString(pending)
+        except DecodeError:
+            break  # a torn last record (SIGKILL)
         out.append(record)
         pending = b""
     return out

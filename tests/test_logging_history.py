@@ -1,0 +1,169 @@
+"""Logged history loses nothing: wandb (real offline run files) and the default CSV logger after
+real SIGKILLs at seeded moments (between saves, inside a save, right after one), and after a resume
+on another number of processes, compared with an uninterrupted run."""
+
+from __future__ import annotations
+
+import csv
+import random
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+from lightning.pytorch.loggers import CSVLogger
+
+from callbacks.console import MiniMindConsole, continue_metrics_csv
+from conftest import cli_env, need_shared, run_cli, tiny_args
+from wandb_files import run_summary
+
+KEYS = ("loss", "logits_loss", "aux_loss", "learning_rate")
+BOTH_LOGGERS = """\
+trainer:
+  logger:
+    - class_path: lightning.pytorch.loggers.CSVLogger
+      init_args: {save_dir: .}
+    - class_path: lightning.pytorch.loggers.WandbLogger
+      init_args: {project: lit-minimind, save_dir: .}
+"""
+
+
+def csv_rows(run_dir: Path) -> list[dict[str, str]]:
+    (log_dir,) = (run_dir / "lightning_logs").iterdir()  # one log directory for the whole run
+    with open(log_dir / "metrics.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def csv_by_step(rows: list[dict[str, str]]) -> dict[int, tuple[str, ...]]:
+    """micro_step -> the logged values (full precision, as written); each step exactly once."""
+    steps = [int(row["micro_step"]) for row in rows if row.get("micro_step")]
+    assert len(steps) == len(set(steps)), f"metrics.csv repeats micro_steps: {sorted(steps)}"
+    return {int(row["micro_step"]): tuple(row[k] for k in KEYS) for row in rows if row.get("micro_step")}
+
+
+def wandb_by_step(run_dir: Path) -> tuple[set[str], dict[int, dict]]:
+    """The run ids, and micro_step -> values over the history of every process; no step with two values."""
+    runs = [run_summary(d) for d in sorted((run_dir / "wandb").glob("offline-run-*"))]
+    by_step: dict[int, dict] = {}
+    for run in runs:
+        for row in run["history"]:
+            if "micro_step" in row and "loss" in row:
+                values = {k: row[k] for k in KEYS}
+                step = int(row["micro_step"])
+                assert by_step.setdefault(step, values) == values, f"micro_step {step} logged with two values"
+    return {r["id"] for r in runs}, by_step
+
+
+def test_seeded_sigkills_lose_no_logged_row_wandb_and_csv(tmp_path: Path) -> None:
+    need_shared()
+    (tmp_path / "loggers.yaml").write_text(BOTH_LOGGERS)
+    args = tiny_args(epochs=3, accumulate=2, save_interval=4) + ["--config", str(tmp_path / "loggers.yaml"),
+                                                                 "--ckpt_path", "last"]
+    ref_dir, run_dir = tmp_path / "ref", tmp_path / "run"
+    ref_dir.mkdir(), run_dir.mkdir()
+    ref = run_cli(ref_dir, args)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    ref_csv = csv_by_step(csv_rows(ref_dir))
+    _, ref_wandb = wandb_by_step(ref_dir)
+    assert sorted(ref_csv) == sorted(ref_wandb) == list(range(1, 37))  # 3 epochs x 12 micro-batches
+
+    # five kills at seeded moments: SIGKILL (whole process group, wandb's service too) after the k-th
+    # console line of a process, inside the first checkpoint commit, right after it
+    rng = random.Random(20240611)
+    plan = [("lines", rng.randint(3, 8)), ("in_save", "1:.ckpt"), ("lines", rng.randint(3, 8)),
+            ("after_save", "1:.ckpt"), ("lines", rng.randint(3, 8))]
+    rng.shuffle(plan)
+    for kind, at in plan:
+        if kind == "lines":
+            killed = run_cli(run_dir, args, kill_after_lines=at)
+        else:
+            env = cli_env(**{f"LIT_MINIMIND_TEST_STOP_{kind.upper()}": at})
+            killed = run_cli(run_dir, args, env=env)
+            assert f"@@stopped-{kind.replace('_', '-')}" in killed.stdout, (kind, killed.stdout[-2000:])
+        assert killed.returncode == -9, (kind, at, killed.returncode, killed.stderr[-2000:])
+    final = run_cli(run_dir, args)
+    assert final.returncode == 0, final.stderr[-3000:]
+    assert "wandb: continuing run" in final.stderr and "logs: continuing" in final.stderr
+
+    run_ids, history = wandb_by_step(run_dir)
+    assert len(run_ids) == 1, f"one wandb run id throughout, got {run_ids}"
+    assert len(list((run_dir / "wandb").glob("offline-run-*"))) == len(plan) + 1
+    assert {s: history[s] for s in sorted(history)} == ref_wandb, "the union of the histories is the uninterrupted run's"
+
+    rows = csv_rows(run_dir)  # the same log directory continued by every process
+    assert csv_by_step(rows) == ref_csv
+    assert [int(r["micro_step"]) for r in rows if r.get("micro_step")] == list(range(1, 37)), "in order"
+    per_epoch = [r["epoch"] for r in rows if r.get("mean_loss")]
+    assert len(per_epoch) == len(set(per_epoch)), "one mean_loss row per epoch at most"
+    assert "\nlogs: ./lightning_logs/version_0\n" in final.stdout
+
+
+def test_micro_step_continues_across_a_world_size_change(tmp_path: Path) -> None:
+    """Two processes (DDP), SIGKILLed inside the epoch-end save; resumed on one: the step axis
+    (``micro_step``, micro-batches trained so far) goes on from the checkpoint's, without a gap."""
+    need_shared()
+    two = tiny_args(epochs=2, accumulate=2, save_interval=5, devices=2) + ["--ckpt_path", "last"]
+    one = tiny_args(epochs=2, accumulate=2, save_interval=5, devices=1) + ["--ckpt_path", "last"]
+    half = run_cli(tmp_path, two, env=cli_env(LIT_MINIMIND_TEST_STOP_IN_SAVE="2:.ckpt"))  # step 5's save is complete
+    assert half.returncode == -9 and "@@stopped-in-save" in half.stdout
+    single = run_cli(tmp_path, one)
+    assert single.returncode == 0, single.stderr[-3000:]
+    assert "world size changed (2→1): step 5 → 10" in single.stderr
+    rows = csv_rows(tmp_path)
+    steps = [int(r["micro_step"]) for r in rows if r.get("micro_step")]
+    # 5 micro-batches per rank on two processes, then 2 + 12 on one
+    assert steps == list(range(1, 20)), steps
+    epochs = [float(r["epoch"]) for r in rows if r.get("micro_step")]
+    assert epochs == [0.0] * 7 + [1.0] * 12
+
+
+def test_metrics_csv_is_cut_back_to_the_checkpoint_and_survives_a_kill_while_continuing(tmp_path: Path) -> None:
+    log_dir = tmp_path / "lightning_logs" / "version_3"
+    log_dir.mkdir(parents=True)
+    header = "epoch,loss,mean_loss,micro_step,step\r\n"
+    rows = ["0.0,2.5,,1,0\r\n", "0.0,2.4,,2,1\r\n", "0,,2.45,,1\r\n", "1.0,2.3,,3,1\r\n", "1.0,2.2,,4,2\r\n",
+            "1.0,2.1,,5,2\r\n"]
+    # a kill left only the file moved aside, its last line torn
+    (log_dir / "metrics.csv.resume").write_text(header + "".join(rows) + "1.0,2.0,,6", newline="")
+    logger = CSVLogger(tmp_path, version=3)
+    kept, dropped = continue_metrics_csv(logger, micro_step=4, epochs_complete=1, global_step=2)
+    assert (kept, dropped) == (5, 1)
+    assert not (log_dir / "metrics.csv.resume").exists()
+    assert (log_dir / "metrics.csv").read_bytes().decode() == header + "".join(rows[:5])
+    logger.log_metrics({"loss": 2.15, "micro_step": 5, "epoch": 1.0}, step=2)
+    logger.save()  # Lightning's writer appends under the same header
+    with open(log_dir / "metrics.csv", newline="") as f:
+        assert [r["micro_step"] for r in csv.DictReader(f)] == ["1", "2", "", "3", "4", "5"]
+
+
+def test_checkpoint_carries_the_rows_since_the_save_before_the_previous_one_and_recent_ones(monkeypatch) -> None:
+    def carried(state: dict) -> list[int]:
+        return [row["metrics"]["micro_step"] for row in state["history"]]
+
+    def log(console: MiniMindConsole, steps: range, at: float) -> None:
+        console._history.extend((at, s // 2, {"micro_step": s, "loss": 1.0 / s}) for s in steps)
+        console.micro_step = steps[-1]
+
+    console = MiniMindConsole()
+    hour_ago = time.monotonic() - 3600  # durable in any logger by now
+    for steps in (range(1, 5), range(5, 9), range(9, 13)):  # saves at micro_step 4, 8, 12
+        log(console, steps, hour_ago)
+        state = console.state_dict()
+    assert carried(state) == list(range(5, 13))
+
+    class Recorder:
+        rows: list = []
+
+        def log_metrics(self, metrics: dict, step: int) -> None:
+            self.rows.append((step, metrics["micro_step"]))
+
+    restored, recorder = MiniMindConsole(), Recorder()
+    restored.load_state_dict(state)
+    assert restored.micro_step == 12 and restored._saves == [4, 8, 12]
+    restored._log_restored_rows(SimpleNamespace(is_global_zero=True, loggers=[recorder]))  # at fit start
+    assert recorder.rows == [(s // 2, s) for s in range(5, 13)]
+    log(restored, range(13, 17), time.monotonic())
+    assert carried(restored.state_dict()) == list(range(5, 17))  # logged again just now: carried again
+    monkeypatch.setattr("callbacks.console.HISTORY_MIN_SECONDS", 0.0)
+    monkeypatch.setenv("WANDB__TRANSACTION_LOG_FLUSH_INTERVAL", "0")
+    log(restored, range(17, 21), time.monotonic())
+    assert carried(restored.state_dict()) == list(range(13, 21))  # a minute later: since the save of 12

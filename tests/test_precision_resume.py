@@ -1,0 +1,88 @@
+"""The GradScaler and partial gradients across resumes: the scale is restored from every format,
+partial gradients are saved unscaled and applied correctly under another precision."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import need_shared, run_cli, tiny_args
+
+FP16 = ["--trainer.plugins", "lit_minimind.precision.CPUFloat16Mixed"]
+MOVING_SCALE = FP16 + ["--trainer.plugins.init_scale", "1e12"]  # overflows: the scaler backs off every step
+
+
+def only(run_dir: Path, pattern: str) -> Path:
+    found = list((run_dir / "checkpoints").glob(pattern))
+    assert len(found) == 1, (pattern, found)
+    return found[0]
+
+
+def test_deterministic_kernels_are_on_by_default(tmp_path: Path) -> None:
+    need_shared()
+    run = run_cli(tmp_path, tiny_args(epochs=1) + ["--trainer.max_steps", "1", "--print_config"])
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "deterministic: warn" in run.stdout
+    from lit_minimind.fit import main
+
+    assert main(tiny_args(epochs=1) + ["--trainer.max_steps", "1", "--resume.ckpt_dir", str(tmp_path / "c"),
+                                       "--resume.out_dir", str(tmp_path / "o"), "--trainer.logger", "false"]) == 0
+    try:
+        assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+@pytest.mark.parametrize("source", ["ckpt", "minimind_resume"])
+def test_moved_scale_is_restored(tmp_path: Path, source: str) -> None:
+    need_shared()
+    args = tiny_args(epochs=1, accumulate=2, save_interval=2) + MOVING_SCALE + ["--resume.keep_last", "100"]
+    (tmp_path / "ref").mkdir()
+    ref = run_cli(tmp_path / "ref", args)
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    saved = {int(p.name.split("_s")[1].split("_")[0]): torch.load(p, weights_only=True)
+             for p in (tmp_path / "ref" / "checkpoints").glob("*.ckpt")}
+    assert saved[4]["scaler"]["scale"] < 1e12 and saved[6]["scaler"]["scale"] < saved[4]["scaler"]["scale"]
+
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    ckpt4 = saved[4]
+    if source == "ckpt":
+        resume_from = run_dir / "checkpoints" / "from.ckpt"
+        shutil.copy(only(tmp_path / "ref", "*_e0_s4_*.ckpt"), resume_from)
+    else:  # what original MiniMind writes: its keys only, the scaler under "scaler"
+        resume_from = run_dir / "checkpoints" / "pretrain_64_resume.pth"
+        torch.save({k: ckpt4[k] for k in ("model", "optimizer", "epoch", "step", "world_size", "wandb_id", "scaler")},
+                   resume_from)
+    resumed = run_cli(run_dir, args + ["--ckpt_path", str(resume_from), "--trainer.max_steps", "3"])
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    after = torch.load(only(run_dir, "*_e0_s6_*.ckpt"), weights_only=True)
+    assert after["scaler"]["scale"] == saved[6]["scaler"]["scale"], "the scale was not restored"
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_partial_gradients_survive_a_change_of_precision(tmp_path: Path, precision: str) -> None:
+    """Saved mid-window (batch 5 of a 2-batch window) by an fp16 run with a GradScaler, resumed under
+    another precision: the window's update equals the uninterrupted run's up to precision noise
+    (with scaled gradients it would be off by orders of magnitude)."""
+    need_shared()
+    args = tiny_args(epochs=1, accumulate=2, save_interval=1) + ["--resume.keep_last", "100"]
+    (tmp_path / "ref").mkdir()
+    ref = run_cli(tmp_path / "ref", args + FP16)
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    before = torch.load(only(tmp_path / "ref", "*_e0_s5_*.ckpt"), weights_only=True)
+    assert before["lit_minimind"]["ranks"][0]["grads"], "the step-5 save holds the window's partial gradients"
+    after_ref = torch.load(only(tmp_path / "ref", "*_e0_s6_*.ckpt"), weights_only=True)
+
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    shutil.copy(only(tmp_path / "ref", "*_e0_s5_*.ckpt"), run_dir / "checkpoints" / "from.ckpt")
+    resumed = run_cli(run_dir, args + ["--trainer.precision", precision, "--ckpt_path", "checkpoints/from.ckpt"])
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    after = torch.load(only(run_dir, "*_e0_s6_*.ckpt"), weights_only=True)
+    for key, w0 in before["state_dict"].items():
+        ref_delta, delta = after_ref["state_dict"][key] - w0, after["state_dict"][key] - w0
+        assert (delta - ref_delta).norm() <= 0.1 * ref_delta.norm() + 1e-7, key
