@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
@@ -69,12 +70,16 @@ class MiniMindConsole(Callback):
         self._epochs_complete = 0  # epochs whose every batch is trained (for rows logged per epoch)
         self._saves: list[int] = []  # micro_step of the last three saves
         self._csv_logs: list[dict[str, Any]] = []  # the CSV loggers' directories (continued on resume)
-        self._replay: list[tuple[int, dict[str, Any]]] = []  # restored rows, logged again at fit start
+        self._replay: list[tuple[int, dict[str, Any]]] = []
+        self._pending: list[tuple[Any, ...]] = []  # rows since the last log interval, losses still on the device
+        self._trainer: L.Trainer | None = None  # restored rows, logged again at fit start
         self._complete_loggers: set[int] = set()  # CSV loggers whose file already holds the restored rows
 
     # ------------------------------------------------------------------ state (Lightning saves and restores it)
     def state_dict(self) -> dict[str, Any]:
         """Called for every checkpoint: drops the rows no longer needed, returns what a resume needs."""
+        if self._trainer is not None:
+            self.log_pending(self._trainer)  # rows held for the log interval go out before the checkpoint
         micro_step = self.micro_step or 0
         if not self._saves or self._saves[-1] != micro_step:
             self._saves = [*self._saves, micro_step][-3:]  # this save, the previous one and the one before
@@ -135,6 +140,7 @@ class MiniMindConsole(Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         from lightning.fabric.loggers import CSVLogger
 
+        self._trainer = trainer
         # the loggers' experiments exist by now (Lightning creates them before callbacks' setup)
         self._csv_logs = [{"root_dir": str(lg.root_dir), "version": lg.version}
                           for lg in trainer.loggers if isinstance(lg, CSVLogger)]
@@ -158,42 +164,53 @@ class MiniMindConsole(Callback):
         if self._epoch_start is None or self._epoch_start[1] > batch_idx:
             self._epoch_start = (time.perf_counter(), batch_idx)
         self.batches += 1
-        tokens = int(batch[1].numel()) * trainer.world_size
+        tokens = int(batch[1].numel()) * trainer.world_size  # shape metadata: no host sync
         self.tokens += tokens
         now = time.perf_counter()
         tokens_per_s = tokens / max(now - self._last_batch_end, 1e-9) if self._last_batch_end else 0.0
         self._last_batch_end = now
         stats = pl_module.last_stats
-        if self.first_loss is None:
-            self.first_loss = float(stats["loss"])
         self._last_loss = stats["loss"]
         start_time, start_idx = self._epoch_start
         spent = time.perf_counter() - start_time
         eta_min = spent / max(batch_idx + 1 - start_idx, 1) * (iters - step) // 60
-        self.log_micro_batch(trainer, stats, epoch_time=eta_min, tokens_per_s=tokens_per_s, micro_step=self.micro_step)
+        if trainer.is_global_zero:  # kept on the device; sent to the host at the log interval, all at once
+            losses = torch.stack([stats["loss"], stats["logits_loss"], stats["aux_loss"]]).detach()
+            self._pending.append((self.micro_step, trainer.global_step, trainer.current_epoch, losses, float(stats["lr"]),
+                                  {"epoch_time": eta_min, "tokens_per_s": tokens_per_s}))
         if not (step % self.log_interval == 0 or step == iters):
             return
-        loss, aux = float(stats["loss"]), float(stats["aux_loss"])
-        if not trainer.is_global_zero:
-            return
-        print(format_minimind_line(trainer.current_epoch, trainer.max_epochs or 1, step, iters, loss, loss - aux,
-                                   aux, float(stats["lr"]), eta_min), flush=True)
+        rows = self.log_pending(trainer)
+        if trainer.is_global_zero and rows:
+            row = rows[-1]
+            print(format_minimind_line(trainer.current_epoch, trainer.max_epochs or 1, step, iters, row["loss"],
+                                       row["loss"] - row["aux_loss"], row["aux_loss"], row["learning_rate"], eta_min),
+                  flush=True)
 
     @property
     def last_loss(self) -> float | None:
         """The loss of the last trained micro-batch of this run (None before the first)."""
         return None if self._last_loss is None else float(self._last_loss)
 
-    def log_micro_batch(self, trainer: L.Trainer, stats: dict[str, Any], **extra: float) -> None:
-        if not trainer.loggers or not trainer.is_global_zero:
-            return
-        loss, logits_loss = float(stats["loss"]), float(stats["logits_loss"])
-        metrics = {"loss": loss, "logits_loss": logits_loss, "aux_loss": float(stats["aux_loss"]),
-                   "learning_rate": float(stats["lr"]), "perplexity": math.exp(min(logits_loss, 50.0)),
-                   "epoch": float(trainer.current_epoch), **extra}
-        for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=trainer.global_step)
-        self._history.append((time.monotonic(), trainer.global_step, metrics))
+    def log_pending(self, trainer: L.Trainer) -> list[dict[str, Any]]:
+        """Send the micro-batches' metrics held since the last log interval to the loggers, with one
+        device-to-host transfer for all of them; returns their rows."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return []
+        values = torch.stack([p[3] for p in pending]).float().cpu().tolist()  # the one host sync
+        rows = []
+        for (micro_step, global_step, epoch, _, lr, extra), (loss, logits_loss, aux_loss) in zip(pending, values):
+            metrics = {"loss": loss, "logits_loss": logits_loss, "aux_loss": aux_loss, "learning_rate": lr,
+                       "perplexity": math.exp(min(logits_loss, 50.0)), "epoch": float(epoch), **extra,
+                       "micro_step": micro_step}
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=global_step)
+            self._history.append((time.monotonic(), global_step, metrics))
+            rows.append(metrics)
+        if self.first_loss is None:
+            self.first_loss = rows[0]["loss"]
+        return rows
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._epoch_start = None
@@ -201,6 +218,7 @@ class MiniMindConsole(Callback):
             self._epochs_complete = trainer.current_epoch + 1  # before the epoch-end checkpoint (callbacks last)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.log_pending(trainer)
         self.train_seconds = time.perf_counter() - self._fit_start
 
 

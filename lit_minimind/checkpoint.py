@@ -15,6 +15,7 @@ tell a complete file from a torn or corrupted one. Every read is ``weights_only`
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -77,8 +78,9 @@ class _HashingWriter:
     which is its job here, at a quarter of the cost on the training thread.
     """
 
-    def __init__(self, f: BinaryIO) -> None:
+    def __init__(self, f: BinaryIO, path: Path | None = None) -> None:
         self._f = f
+        self._path = path
         self.crc32 = 0
         self.size = 0
         self.error: OSError | None = None  # torch's zip writer hides it behind a RuntimeError
@@ -87,6 +89,8 @@ class _HashingWriter:
         self.crc32 = zlib.crc32(data, self.crc32)
         self.size += len(data)
         try:
+            if self._path is not None and self.size == len(data):
+                _test_fault("write", self._path)
             return self._f.write(data)
         except OSError as err:
             self.error = err
@@ -96,17 +100,41 @@ class _HashingWriter:
         self._f.flush()
 
 
-def _fsync_dir(directory: Path) -> None:
+def _fsync_dir(path: Path) -> None:
+    """Make the rename of ``path`` durable: fsync its directory. Filesystems that cannot fsync a
+    directory are skipped; a real I/O error (EIO, ENOSPC) is raised."""
     try:
-        fd = os.open(directory, os.O_RDONLY)
+        fd = os.open(path.parent, os.O_RDONLY)
     except OSError:  # not supported everywhere (e.g. some network filesystems)
         return
     try:
+        _test_fault("dirfsync", path)
         os.fsync(fd)
-    except OSError:
-        pass
+    except OSError as err:
+        if err.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
     finally:
         os.close(fd)
+
+
+_faults_seen: dict[str, int] = {}
+
+
+def _test_fault(op: str, path: Path) -> None:
+    """Test-only fault injection: ``LIT_MINIMIND_TEST_FAIL=OP:SUFFIX:N:ERRNO`` makes the N-th ``OP``
+    (``write``, ``fsync``, ``manifest``, ``rename``, ``dirfsync``) on a file whose name ends with
+    ``SUFFIX`` fail with ``ERRNO`` (``ENOSPC``, ``EIO``, ...), as a full or failing disk would.
+    Does nothing otherwise."""
+    spec = os.environ.get("LIT_MINIMIND_TEST_FAIL")
+    if not spec:
+        return
+    want, suffix, nth, code = spec.split(":")
+    if want != op or not path.name.removesuffix(".tmp").endswith(suffix):
+        return
+    _faults_seen[op] = _faults_seen.get(op, 0) + 1
+    if _faults_seen[op] == int(nth):
+        number = getattr(errno, code)
+        raise OSError(number, os.strerror(number), str(path))
 
 
 _commits_in_process: dict[str, int] = {}
@@ -148,7 +176,7 @@ def atomic_save(obj: Any, path: str | os.PathLike, meta: Mapping[str, Any] | Non
     tmp = path.with_name(f"{path.name}.tmp")
     try:
         with open(tmp, "wb") as f:
-            writer = _HashingWriter(f)
+            writer = _HashingWriter(f, path)
             try:
                 torch.save(obj, writer)
             except RuntimeError:
@@ -156,6 +184,7 @@ def atomic_save(obj: Any, path: str | os.PathLike, meta: Mapping[str, Any] | Non
                     raise writer.error from None  # the real cause: ENOSPC, EFBIG, EIO, ...
                 raise
             f.flush()
+            _test_fault("fsync", path)
             os.fsync(f.fileno())
         return _commit(tmp, path, {"size": writer.size, "crc32": f"{writer.crc32:08x}", **(meta or {})})
     except BaseException:
@@ -171,9 +200,12 @@ def atomic_link(source: str | os.PathLike, path: str | os.PathLike) -> dict[str,
     tmp.unlink(missing_ok=True)
     try:
         try:
+            _test_fault("link", path)
             os.link(source, tmp)
-        except OSError:
-            shutil.copyfile(source, tmp)
+        except OSError as err:
+            if err.errno not in (errno.EPERM, errno.EXDEV, errno.ENOTSUP, errno.EMLINK):
+                raise
+            shutil.copyfile(source, tmp)  # a filesystem without hard links
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
         return _commit(tmp, path, {k: v for k, v in read_manifest(source).items() if k not in ("file", "replaces")})
@@ -189,14 +221,20 @@ def _commit(tmp: Path, path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     if "size" in previous and "crc32" in previous:
         manifest["replaces"] = {"size": previous["size"], "crc32": previous["crc32"]}
     mtmp = manifest_path(path).with_suffix(".tmp")
-    with open(mtmp, "w") as f:
-        json.dump(manifest, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(mtmp, manifest_path(path))
+    try:
+        _test_fault("manifest", path)
+        with open(mtmp, "w") as f:
+            json.dump(manifest, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(mtmp, manifest_path(path))
+    except BaseException:
+        mtmp.unlink(missing_ok=True)
+        raise
     _test_pause(tmp, "in")
+    _test_fault("rename", path)
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    _fsync_dir(path)
     _test_pause(path, "after")
     return manifest
 

@@ -30,8 +30,14 @@ def test_micro_batches_between_log_lines_do_not_sync(tmp_path: Path, moe: bool, 
     for rank, per_batch in counts.items():
         inner = {batch: calls for batch, calls in per_batch.items() if int(batch.split(":")[1]) < iters}
         assert len(inner) == iters - 1
-        # MoE routing sends each layer's per-expert token counts to the host once (data-dependent
-        # shapes): one sync per layer and forward, where MiniMind's own code has three per expert
-        allowed = 2 if moe else 0
         for batch, calls in inner.items():
-            assert len(calls) <= allowed and all("model.py" in c and "tolist" in c for c in calls), (rank, batch, calls)
+            # MoE routing sends each layer's per-expert token counts to the host once (data-dependent
+            # shapes): one sync per layer and forward, where MiniMind's own code has three per expert
+            routing = [c for c in calls if c.startswith("tolist model.py")]
+            assert len(routing) == (2 if moe else 0), (rank, batch, calls)
+            # under DDP the ranks agree on stopping (a signal, a failed background write) once per
+            # optimizer step, with one small all-reduce: not inside an accumulation window
+            agree = [c for c in calls if c.startswith("tolist resume.py")]
+            window_end = int(batch.split(":")[1]) % 2 == 0
+            assert len(agree) == (1 if devices > 1 and window_end else 0), (rank, batch, calls)
+            assert len(calls) == len(routing) + len(agree), (rank, batch, calls)

@@ -17,6 +17,8 @@ import torch
 SYNC_METHODS = ("item", "tolist", "__bool__", "__float__", "__int__", "nonzero")
 # Lightning's own per-batch SIGTERM agreement under DDP (a broadcast and .item() every batch)
 LIGHTNING_OWN = ("_broadcast_sigterm_tensor",)
+# AdamW reads its step counter, a CPU tensor even when training on a GPU (not capturable): no device sync
+CPU_BOOKKEEPING = ("/torch/optim/",)
 
 
 class SyncCounter(L.Callback):
@@ -33,7 +35,8 @@ class SyncCounter(L.Callback):
             def counted(tensor: torch.Tensor, *args: Any, _original: Any = original, _name: str = name, **kwargs: Any) -> Any:
                 if self._batch is not None:
                     stack = traceback.extract_stack(limit=12)[:-1]
-                    if not any(frame.name in LIGHTNING_OWN for frame in stack):
+                    if not any(frame.name in LIGHTNING_OWN or any(p in frame.filename for p in CPU_BOOKKEEPING)
+                               for frame in stack):
                         caller = next((f for f in reversed(stack) if "/torch/" not in f.filename), stack[-1])
                         self.counts[self._batch].append(f"{_name} {caller.filename.split('/')[-1]}:{caller.lineno}")
                 return _original(tensor, *args, **kwargs)

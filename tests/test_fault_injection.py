@@ -1,0 +1,55 @@
+"""A full or failing disk at every file operation of a save (each write, fsync, manifest, rename and
+directory fsync of each of its files): the run stops with exit 2 naming the failure, and
+``--ckpt_path last`` then ends exactly like the uninterrupted run.
+
+The faults are injected in the writer (``LIT_MINIMIND_TEST_FAIL=OP:SUFFIX:N:ERRNO``): a real EIO
+cannot be produced here; a real full disk and a read-only mount are tested in test_fault_tolerance."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import cli_env, need_shared, run_cli, tiny_args
+
+FILES = {"checkpoint": ".ckpt", "resume_link": "_resume.pth", "export": "pretrain_64.pth"}
+OPS = {"checkpoint": ["write", "fsync", "manifest", "rename", "dirfsync"],
+       "resume_link": ["link", "manifest", "rename", "dirfsync"],  # a hard link: no data written
+       "export": ["write", "fsync", "manifest", "rename", "dirfsync"]}
+FAST = {("write", "checkpoint", "ENOSPC"), ("rename", "resume_link", "EIO"), ("dirfsync", "export", "EIO"),
+        ("fsync", "checkpoint", "EIO"), ("manifest", "export", "ENOSPC")}
+CASES = [pytest.param(op, kind, code, marks=() if (op, kind, code) in FAST else pytest.mark.slow, id=f"{op}-{kind}-{code}")
+         for kind in FILES for op, code in itertools.product(OPS[kind], ["ENOSPC", "EIO"])]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    need_shared()
+    ref_dir = tmp_path_factory.mktemp("ref")
+    ref = run_cli(ref_dir, tiny_args(epochs=1, accumulate=2, save_interval=5))
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    return {"steps": ref.steps, "export": torch.load(ref_dir / "out" / "pretrain_64.pth", weights_only=True)}
+
+
+@pytest.mark.parametrize(("op", "kind", "code"), CASES)
+def test_fault_in_a_save_stops_clearly_and_resumes_exactly(tmp_path: Path, reference: dict, op: str, kind: str,
+                                                          code: str) -> None:
+    args = tiny_args(epochs=1, accumulate=2, save_interval=5)
+    # the second save (step 10) fails; the first (step 5) is complete
+    failed = run_cli(tmp_path, args, env=cli_env(LIT_MINIMIND_TEST_FAIL=f"{op}:{FILES[kind]}:2:{code}"))
+    assert failed.returncode == 2, failed.stderr[-2000:]
+    errors = [line for line in failed.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "could not save the checkpoint at epoch 1 step 10" in errors[0], failed.stderr[-2000:]
+    assert ("No space left" if code == "ENOSPC" else "Input/output error") in errors[0]
+    assert "Traceback" not in failed.stderr
+    assert not list(tmp_path.glob("*/*.tmp")), "a failed write left a temporary file"
+
+    resumed = run_cli(tmp_path, args + ["--ckpt_path", "last"])
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    for key, values in resumed.steps.items():
+        assert values == reference["steps"][key], key
+    export = torch.load(tmp_path / "out" / "pretrain_64.pth", weights_only=True)
+    assert all(torch.equal(export[k], reference["export"][k]) for k in export)

@@ -1,0 +1,257 @@
+"""Several machines, simulated on localhost with torchrun (gloo on CPU): two "nodes" of one process.
+
+A 2-node x 1-process run ends bit-identical to a 1-node x 2-process run; killing both nodes and
+resuming (on 2 nodes, or on 1 process) is exact; a node that dies or hangs makes the survivor exit 3
+with one line of advice, within the process-group timeout; torchrun's ``--max-restarts`` restarts a
+killed worker, which resumes from ``--ckpt_path last`` exactly.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from callbacks.files import resolve_last
+from conftest import LINE_RE, cli_env, need_shared, run_cli, tiny_args
+
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+ADVICE = "Restart every node with the same command plus --ckpt_path last"
+TIMEOUT = ["--trainer.strategy", "lightning.pytorch.strategies.DDPStrategy", "--trainer.strategy.timeout", "0:00:10"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def config(*extra: str) -> list[str]:
+    """The 2-process config of tests/test_ddp.py (2 epochs of 6 batches per rank, saves at 5 and 6)."""
+    return tiny_args(*extra, epochs=2, accumulate=2, save_interval=5, devices=2)
+
+
+def node_args(*extra: str) -> list[str]:
+    """``config`` as each node's flags: 2 nodes x 1 device."""
+    args = config(*extra)
+    args[args.index("--trainer.devices") + 1] = "1"
+    return [*args, "--trainer.num_nodes", "2"]
+
+
+def weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir / "out" / "pretrain_64.pth", weights_only=True)
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys()
+    for key in wa:
+        assert torch.equal(wa[key], wb[key]), f"{key} differs"
+
+
+def workers(launcher: subprocess.Popen) -> list[psutil.Process]:
+    """torchrun's worker processes (each in a session of its own: a process-group kill misses them)."""
+    try:
+        return psutil.Process(launcher.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def kill_tree(launcher: subprocess.Popen) -> None:
+    """SIGKILL a node: its torchrun and every worker, as when the machine goes away."""
+    procs = workers(launcher)
+    launcher.kill()
+    for proc in procs:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+@dataclass
+class Nodes:
+    returncodes: list[int | None]
+    stdout: str  # node 0's (global rank 0 prints)
+    stderr: list[str]
+    rank1_stdout: str
+    acted_at: float | None = None
+    node0_exit_s: float | None = None  # node 0's torchrun exit, seconds after the action
+    lines: list[tuple] = field(default_factory=list)
+
+    @property
+    def steps(self) -> dict[tuple[int, int], tuple[str, ...]]:
+        return {(int(m[0]), int(m[2])): (m[4], m[5], m[6], m[7]) for m in self.lines}
+
+
+def torchrun(cwd: Path, args: list[str], *, nnodes: int = 2, nproc: int = 1, max_restarts: int = 0,
+             after_lines: int | None = None, action: Callable[[list[subprocess.Popen]], None] | None = None,
+             timeout: float = 240) -> Nodes:
+    """``torchrun ... -m lit_minimind.fit`` once per node on localhost (node 0 hosts the rendezvous);
+    ``action(launchers)`` runs right after node 0 printed its ``after_lines``-th console line."""
+    port = free_port()
+    launchers: list[subprocess.Popen] = []
+    logs = [open(cwd / f"node{r}.{s}", "w+") for r in range(nnodes) for s in ("out", "err")]
+    for rank in reversed(range(nnodes)):  # node 0 last: the others wait for it, as on a cluster
+        cmd = [str(TORCHRUN), "--nnodes", str(nnodes), "--nproc_per_node", str(nproc), "--node_rank", str(rank),
+               "--master_addr", "127.0.0.1", "--master_port", str(port), "--max-restarts", str(max_restarts),
+               "--monitor-interval", "0.2", "-m", "lit_minimind.fit", *args]
+        launchers.insert(0, subprocess.Popen(cmd, cwd=cwd, env=cli_env(), text=True, start_new_session=True,
+                                             stdout=subprocess.PIPE if rank == 0 else logs[2 * rank],
+                                             stderr=logs[2 * rank + 1]))
+    out: list[str] = []
+    seen, acted_at, deadline = 0, None, time.monotonic() + timeout
+    assert launchers[0].stdout is not None
+    try:
+        for line in launchers[0].stdout:
+            out.append(line)
+            seen += bool(LINE_RE.search(line))
+            if action is not None and acted_at is None and after_lines is not None and seen >= after_lines:
+                acted_at = time.monotonic()
+                action(launchers)
+        for launcher in launchers:
+            launcher.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"a node still ran after {timeout} s (a hang): {[l.poll() for l in launchers]}")
+    finally:
+        for launcher in launchers:
+            if launcher.poll() is None:
+                kill_tree(launcher)
+                launcher.wait()
+    exit_s = None
+    if acted_at is not None:  # node 0's launcher exited; its exit time is at most now
+        exit_s = time.monotonic() - acted_at
+    stderr, rank1 = [], ""
+    for i, log in enumerate(logs):
+        log.seek(0)
+        text = log.read()
+        log.close()
+        if i % 2:
+            stderr.append(text)
+        elif i:
+            rank1 += text
+    stdout = "".join(out)
+    return Nodes([l.returncode for l in launchers], stdout, stderr, rank1, acted_at, exit_s, LINE_RE.findall(stdout))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """The uninterrupted 1-node x 2-process run (``python -m``, Lightning's own launcher), every
+    checkpoint kept."""
+    need_shared()
+    ref_dir = tmp_path_factory.mktemp("ref_1x2")
+    ref = run_cli(ref_dir, config("--resume.keep_last", "100"))
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    assert len(ref.steps) == 12
+    return ref_dir, ref.steps
+
+
+def test_two_nodes_equal_one_node_and_resume_exactly_after_both_die(tmp_path: Path, reference: tuple[Path, dict]) -> None:
+    ref_dir, ref_steps = reference
+
+    # uninterrupted, 2 nodes x 1 process: the same steps and bit-identical weights as 1 node x 2
+    two_dir = tmp_path / "two"
+    two_dir.mkdir()
+    two = torchrun(two_dir, node_args())
+    assert two.returncodes == [0, 0], two.stderr[0][-3000:] + two.stderr[1][-3000:]
+    assert "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2" in two.stderr[1]  # TorchElasticEnvironment
+    assert two.steps == ref_steps
+    assert not LINE_RE.search(two.rank1_stdout) and "summary" not in two.rank1_stdout  # rank 0 prints
+    assert_same_weights(ref_dir, two_dir)
+
+    # both nodes SIGKILLed in epoch 2 (after the saves at epoch 1 step 5 and its end), then resumed on 2 nodes
+    killed_dir = tmp_path / "killed"
+    killed_dir.mkdir()
+    killed = torchrun(killed_dir, node_args("--ckpt_path", "last"), after_lines=9,
+                      action=lambda launchers: [kill_tree(l) for l in launchers])
+    assert killed.returncodes == [-9, -9]
+    last = resolve_last(killed_dir / "checkpoints", "pretrain_64")
+    assert last is not None, "no checkpoint committed before the kill"
+    saved = torch.load(last, weights_only=True)  # MiniMind's keys: epoch (0-based), step (per rank)
+    one_dir = tmp_path / "one"
+    shutil.copytree(killed_dir, one_dir)  # the same files, for the 1-process resume below
+
+    resumed = torchrun(killed_dir, node_args("--ckpt_path", "last"))
+    assert resumed.returncodes == [0, 0], resumed.stderr[0][-3000:]
+    assert resumed.steps and min(resumed.steps) > (1, 4)
+    for key, values in {**killed.steps, **resumed.steps}.items():
+        assert values == ref_steps[key], f"step {key} differs after the 2-node resume"
+    assert_same_weights(ref_dir, killed_dir)
+
+    # the 2-node checkpoint resumed on 1 node x 1 process (world-size correction) ends exactly as
+    # the 1-node x 2-process checkpoint of the same step does
+    single = tiny_args("--ckpt_path", "last", epochs=2, accumulate=2, save_interval=5, devices=1)
+    got = run_cli(one_dir, single)
+    assert got.returncode == 0, got.stderr[-3000:]
+    assert "world size changed (2→1)" in got.stderr
+    from_ref = tmp_path / "from_ref"
+    (from_ref / "checkpoints").mkdir(parents=True)
+    (ref_ckpt,) = (ref_dir / "checkpoints").glob(f"pretrain_64_e{saved['epoch']}_s{saved['step']}_g*.ckpt")
+    for f in ref_dir.joinpath("checkpoints").glob(f"{ref_ckpt.name}*"):  # the checkpoint and its manifest
+        shutil.copy(f, from_ref / "checkpoints" / f.name)
+    want = run_cli(from_ref, single)
+    assert want.returncode == 0, want.stderr[-3000:]
+    assert got.steps == want.steps and got.steps
+    assert_same_weights(from_ref, one_dir)
+
+
+def test_a_dead_node_stops_the_survivor_at_once_and_the_resume_is_exact(tmp_path: Path,
+                                                                        reference: tuple[Path, dict]) -> None:
+    """Node 1's worker SIGKILLed mid-training: gloo sees the closed connection; node 0 exits 3 at once."""
+    ref_dir, ref_steps = reference
+    args = node_args(*TIMEOUT, "--ckpt_path", "last")
+    died = torchrun(tmp_path, args, after_lines=8, action=lambda launchers: [w.kill() for w in workers(launchers[1])])
+    assert died.returncodes[0] not in (0, None) and died.returncodes[1] not in (0, None)
+    assert ADVICE in died.stderr[0] and "exitcode  : 3" in died.stderr[0]
+    assert "[rank0]: Traceback" not in died.stderr[0]  # one line, no traceback
+    assert died.node0_exit_s is not None and died.node0_exit_s < 10, died.node0_exit_s  # no wait for the timeout
+    print(f"node 0 exited {died.node0_exit_s:.1f} s after node 1 died")
+
+    resumed = torchrun(tmp_path, args)
+    assert resumed.returncodes == [0, 0], resumed.stderr[0][-3000:]
+    for key, values in {**died.steps, **resumed.steps}.items():
+        assert values == ref_steps[key], f"step {key} differs after the resume"
+    assert_same_weights(ref_dir, tmp_path)
+
+
+@pytest.mark.slow
+def test_a_hung_node_stops_the_survivor_after_the_timeout(tmp_path: Path, reference: tuple[Path, dict]) -> None:
+    """Node 1's worker SIGSTOPped (a hung machine, a network partition: no connection error): node 0
+    exits 3 once the process group's timeout (10 s here) expires, instead of waiting forever."""
+    died = torchrun(tmp_path, node_args(*TIMEOUT, "--ckpt_path", "last"), after_lines=8,
+                    action=lambda launchers: [w.suspend() for w in workers(launchers[1])])
+    assert died.returncodes[0] not in (0, None)
+    assert ADVICE in died.stderr[0] and "Timed out" in died.stderr[0] and "exitcode  : 3" in died.stderr[0]
+    assert died.node0_exit_s is not None and 10 <= died.node0_exit_s < 30, died.node0_exit_s
+    print(f"node 0 exited {died.node0_exit_s:.1f} s after node 1 hung (timeout 10 s)")
+
+
+def test_torchrun_restarts_a_killed_worker_which_resumes_exactly(tmp_path: Path, reference: tuple[Path, dict]) -> None:
+    """1 node x 2 processes, ``--max-restarts 1``: rank 1's worker SIGKILLed once; torchrun restarts
+    the group with the same command line (``--ckpt_path last``), which resumes from the last save."""
+    ref_dir, ref_steps = reference
+
+    def kill_rank1(launchers: list[subprocess.Popen]) -> None:
+        (rank1,) = [w for w in workers(launchers[0]) if w.environ().get("RANK") == "1"]
+        rank1.send_signal(signal.SIGKILL)
+
+    run = torchrun(tmp_path, config("--ckpt_path", "last"), nnodes=1, nproc=2, max_restarts=1,
+                   after_lines=9, action=kill_rank1)
+    assert run.returncodes == [0], run.stderr[0][-3000:]
+    assert ADVICE in run.stderr[0]  # rank 0 of the first attempt
+    assert "resuming" in run.stderr[0]
+    # the console lines of both attempts: the restarted one repeats the steps since the last save
+    assert len(run.lines) > 12
+    for m in run.lines:
+        key = (int(m[0]), int(m[2]))
+        assert (m[4], m[5], m[6], m[7]) == ref_steps[key], f"step {key} differs"
+    assert_same_weights(ref_dir, tmp_path)
