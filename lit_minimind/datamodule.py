@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from lit_minimind.checkpoint import CheckpointError
 from lit_minimind.position import DataPosition, PositionError, position_here
@@ -216,4 +216,8 @@ class MiniMindDataModule(L.LightningDataModule):
     def val_dataloader(self) -> DataLoader | list:
         if self.val_dataset is None:
             return []
-        return DataLoader(self.val_dataset, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers)
+        trainer = self.trainer
+        sampler = None
+        if trainer is not None and trainer.world_size > 1:  # each rank validates its share (val_loss: sync_dist)
+            sampler = DistributedSampler(self.val_dataset, trainer.world_size, trainer.global_rank, shuffle=False)
+        return DataLoader(self.val_dataset, batch_size=self.batch_size, sampler=sampler, num_workers=self.num_workers)

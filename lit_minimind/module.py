@@ -67,6 +67,8 @@ class LitMiniMind(L.LightningModule):
             dropout=dropout,
         )
         self.model = MiniMindForCausalLM(self.config)
+        # as MiniMind: DDP leaves the RoPE tables alone (constants on every rank, not state to broadcast)
+        self._ddp_params_and_buffers_to_ignore = [n for n, _ in self.named_buffers() if n.endswith(("freqs_cos", "freqs_sin"))]
         if compile:
             self.model.compile()  # in place: no ``_orig_mod.`` wrapper, state dict keys unchanged
         self.epoch_loss = torch.zeros(2)  # running (sum, count) of this epoch's losses: no host sync per batch

@@ -62,3 +62,20 @@ def test_epoch_end_checkpoint_resumes_on_another_world_size_at_the_next_epoch(tm
     assert one.returncode == 0, one.stderr[-3000:]
     assert "world size changed (2→1)" in one.stderr and "resuming at the start of epoch 2" in one.stderr
     assert sorted(one.steps) == [(2, s) for s in range(1, 12)]
+
+
+def test_each_rank_validates_its_share_of_the_validation_split() -> None:
+    need_shared()
+    from types import SimpleNamespace
+
+    from conftest import TOKENIZER
+    from lit_minimind.datamodule import MiniMindDataModule
+
+    dm = MiniMindDataModule(data_path=str(TINY_JSONL), tokenizer_path=str(TOKENIZER), max_seq_len=64, batch_size=2,
+                            val_fraction=0.25)
+    dm.setup("fit")
+    seen = []
+    for rank in range(2):
+        dm.trainer = SimpleNamespace(world_size=2, global_rank=rank, current_epoch=0)
+        seen.append(list(dm.val_dataloader().sampler))
+    assert len(dm.val_dataset) == 12 and [len(s) for s in seen] == [6, 6] and sorted(seen[0] + seen[1]) == list(range(12))

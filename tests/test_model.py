@@ -249,3 +249,14 @@ def test_generate_sampling_runs() -> None:
     # top_k=1 collapses sampling onto greedy
     c = model.generate(prompt, max_new_tokens=5, top_k=1, eos_token_id=None)
     assert torch.equal(c, model.generate(prompt, max_new_tokens=5, greedy=True, eos_token_id=None))
+
+
+def test_ddp_does_not_broadcast_the_rope_tables() -> None:
+    """MiniMind's ``_ddp_params_and_buffers_to_ignore``: DDP would otherwise re-send them every window."""
+    from lit_minimind.module import LitMiniMind
+
+    module = LitMiniMind(hidden_size=64, num_hidden_layers=2)
+    buffers = dict(module.named_buffers())
+    assert module._ddp_params_and_buffers_to_ignore == ["model.model.freqs_cos", "model.model.freqs_sin"]
+    assert all(name in buffers for name in module._ddp_params_and_buffers_to_ignore)
+    assert set(buffers) == set(module._ddp_params_and_buffers_to_ignore)  # nothing else left to broadcast
