@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import MINIMIND, TOKENIZER, need_shared, run_cli
+from conftest import MINIMIND, TOKENIZER, cli_env, need_shared, run_cli
 from test_resume_exact import assert_same_tensors, run_until_done
 
 SFT = MINIMIND / "sft"
@@ -165,3 +167,18 @@ def test_weight_name_defaults_to_full_sft_on_sft_data(extra: list[str], weight: 
     resume = next(cb for cb in cli.trainer.callbacks if isinstance(cb, ResumeCallback))
     assert resume.weight == weight
     assert cli.config["resume.weight"] == weight  # the run's saved config.yaml says so too
+
+
+def test_embedded_sft_then_chat(tmp_path: Path) -> None:
+    """The README's pretrain -> SFT -> chat, shortened: no download, the embedded chat corpus and
+    tokenizer (MiniMind's chat template), files named full_sft, then generate --chat on the export."""
+    run = run_cli(tmp_path, ["--data.kind", "sft", "--data.max_seq_len", "64", "--trainer.max_steps", "2",
+                             "--trainer.enable_progress_bar", "false", "--log_interval", "1"])
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "SFT data: files named full_sft" in run.stdout and len(run.steps) == 2
+    assert (tmp_path / "out" / "full_sft_128.pth").is_file() and not (tmp_path / "out" / "pretrain_128.pth").exists()
+    chat = subprocess.run([sys.executable, "-m", "lit_minimind.generate", "out/full_sft_128.pth", "--chat", "What is a list?",
+                           "--system", "Be brief.", "--temperature", "0", "--max_new_tokens", "8"],
+                          cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=120)
+    assert chat.returncode == 0, chat.stderr[-2000:]
+    assert chat.stdout.strip() and "<|im_start|>" not in chat.stdout  # an answer, special tokens left out
