@@ -118,9 +118,12 @@ def requeue_if_preempted(trainer: Any, stopped_by: str | None, ckpt_path_flag: s
     Call it on every rank (one small all-reduce under DDP, to agree whether SIGUSR1 was the reason)."""
     if stopped_by is None or not under_slurm():  # the same on every rank: the collective below is safe
         return 0
-    wait = getattr(trainer.strategy.checkpoint_io, "wait", None)
-    if wait is not None:
-        wait()  # already done by ResumeCallback at the end of training; the requeue must come after it
+    io = trainer.strategy.checkpoint_io
+    if getattr(io, "wait", None) is not None:
+        io.wait()  # already done by ResumeCallback at the end of training; the requeue must come after it
+    if getattr(io, "failed", False):  # cannot happen (a failed write raised), but never requeue onto it
+        print("error: SLURM: the last checkpoint write failed; job not requeued", file=sys.stderr, flush=True)
+        return REQUEUE_FAILED_EXIT
     usr1 = STOP.signal_name == REQUEUE_SIGNAL
     if trainer.world_size > 1:
         flag = torch.tensor([float(usr1)], device=trainer.strategy.root_device)
@@ -128,8 +131,8 @@ def requeue_if_preempted(trainer: Any, stopped_by: str | None, ckpt_path_flag: s
     if not usr1 or not trainer.is_global_zero:
         return 0
     job_id = slurm_job_id()
-    if trainer.max_epochs is not None and 0 <= trainer.max_epochs <= trainer.current_epoch or \
-            0 < trainer.max_steps <= trainer.global_step:
+    epochs_done = trainer.max_epochs is not None and 0 <= trainer.max_epochs <= trainer.current_epoch
+    if epochs_done or 0 < trainer.max_steps <= trainer.global_step:
         print(f"SLURM: {REQUEUE_SIGNAL} came as training finished; job {job_id} not requeued", flush=True)
         return 0
     if ckpt_path_flag != "last":
@@ -138,9 +141,9 @@ def requeue_if_preempted(trainer: Any, stopped_by: str | None, ckpt_path_flag: s
     import subprocess
 
     try:
-        result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
+        result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=120)
         code, detail = result.returncode, (result.stderr or result.stdout).strip()
-    except OSError as err:  # scontrol not on PATH
+    except (OSError, subprocess.SubprocessError) as err:  # scontrol not on PATH, slurmctld not answering
         code, detail = -1, str(err)
     if code != 0:
         print(f"error: SLURM: scontrol requeue {job_id} failed ({detail or f'exit {code}'}): the checkpoint "
