@@ -29,6 +29,10 @@ test-slow: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m benchmarks.run_all
 
+# on a CUDA machine (a venv whose torch is a CUDA build): < 10 min on one H100/H200; ARGS=--quick: CPU smoke test
+bench-gpu: $(STAMP)
+	$(PY) -m benchmarks.bench_gpu $(ARGS)
+
 clean:
 	rm -rf out checkpoints lightning_logs wandb
 

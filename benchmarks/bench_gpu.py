@@ -202,7 +202,7 @@ def cli(args: list[str], work: Path, warmup: int = 1, kill_after_save: bool = Fa
     with open(work / "stderr.txt", "w") as err:
         proc = subprocess.Popen([sys.executable, "-m", "benchmarks._gpu_probe", *args], cwd=work, env=env,
                                 stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True)
-        watchdog = threading.Timer(timeout, lambda: os.killpg(proc.pid, signal.SIGKILL))
+        watchdog = threading.Timer(timeout, _kill_group, (proc.pid,))
         watchdog.start()
         probe, lines, stopped, tail = None, {}, None, []
         try:
@@ -213,7 +213,7 @@ def cli(args: list[str], work: Path, warmup: int = 1, kill_after_save: bool = Fa
                     continue
                 if line.startswith("@@stopped-after-save"):
                     stopped = line.split(maxsplit=1)[1].strip()
-                    os.killpg(proc.pid, signal.SIGKILL)
+                    _kill_group(proc.pid)  # the trainer and its data loader workers
                     break
                 tail = (tail + [line])[-20:]
                 m = LINE_RE.search(line)
@@ -231,6 +231,13 @@ def cli(args: list[str], work: Path, warmup: int = 1, kill_after_save: bool = Fa
         raise RuntimeError(f"CLI run failed (exit {proc.returncode}) in {work}:\n" + "".join(tail)
                            + (work / "stderr.txt").read_text()[-3000:])
     return {"returncode": proc.returncode, "probe": probe, "lines": lines, "stopped_after": stopped, "wall_s": wall}
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def saved_step(path: str | None) -> int | None:
@@ -298,7 +305,7 @@ def compare_runs(a: Path, b: Path, stem: str, lines_a: dict[str, Any], lines_b: 
 
 
 def throughput_phase(spec: Spec, data: Path, tok: Path, work: Path, reps: int, cuda: bool,
-                     peak: float | None) -> dict[str, Any]:
+                     peak: float | None, jobs: int = 1) -> dict[str, Any]:
     import torch
 
     from benchmarks.bench_overhead import Config, plain_run, throughput
@@ -310,26 +317,43 @@ def throughput_phase(spec: Spec, data: Path, tok: Path, work: Path, reps: int, c
     main_precision = spec.precisions[0][1]
     sides = ("plain", "port", "port_nondeterministic")
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in sides}
+
+    def plain() -> dict[str, Any]:
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        with quiet():
+            r = plain_run(cfg, data, tok, device="cuda" if cuda else "cpu", precision=spec.plain_precision,
+                          num_workers=spec.num_workers, deterministic="warn")
+        torch.use_deterministic_algorithms(False)
+        peak_memory = int(torch.cuda.max_memory_allocated()) if cuda else None
+        if cuda:
+            torch.cuda.empty_cache()
+        return {"tokens_per_s": throughput(cfg, r, 0), "last_loss": r["last_loss"],
+                "probe": {"peak_memory_bytes": peak_memory, "deterministic": True}}
+
+    def port(side: str, rep: int) -> dict[str, Any]:
+        extra = ["--trainer.deterministic", "false"] if side == "port_nondeterministic" else []
+        d = work / f"a_{side}_{rep}"
+        out = cli(cli_args(spec, data, tok, d, steps, spec.log_interval, 10**9, main_precision, *extra), d,
+                  warmup=spec.warmup_batches)
+        shutil.rmtree(d, ignore_errors=True)
+        p = out["probe"]
+        assert p["window_batches"] == cfg.timed_batches, (p["window_batches"], cfg.timed_batches)
+        return {"tokens_per_s": p["window_batches"] * p["tokens_per_batch"] / p["window_s"],
+                "last_loss": p["last_loss"], "probe": p, "wall_s": out["wall_s"]}
+
     for rep in range(reps):
-        for side in alternating(sides, rep):
-            if side == "plain":
-                with quiet():
-                    r = plain_run(cfg, data, tok, device="cuda" if cuda else "cpu", precision=spec.plain_precision,
-                                  num_workers=spec.num_workers, deterministic="warn")
-                torch.use_deterministic_algorithms(False)
-                if cuda:
-                    torch.cuda.empty_cache()
-                runs[side].append({"tokens_per_s": throughput(cfg, r, 0), "last_loss": r["last_loss"]})
-            else:
-                extra = ["--trainer.deterministic", "false"] if side == "port_nondeterministic" else []
-                d = work / f"a_{side}_{rep}"
-                out = cli(cli_args(spec, data, tok, d, steps, spec.log_interval, 10**9, main_precision, *extra), d,
-                          warmup=spec.warmup_batches)
-                p = out["probe"]
-                assert p["window_batches"] == cfg.timed_batches, (p["window_batches"], cfg.timed_batches)
-                runs[side].append({"tokens_per_s": p["window_batches"] * p["tokens_per_batch"] / p["window_s"],
-                                   "last_loss": p["last_loss"], "probe": p, "wall_s": out["wall_s"]})
-                shutil.rmtree(d, ignore_errors=True)
+        order = alternating(sides, rep)
+        if jobs > 1:  # --quick: the CLI runs side by side with the plain loop (the numbers mean nothing anyway)
+            with ThreadPoolExecutor(max_workers=jobs) as pool:
+                futures = {side: pool.submit(port, side, rep) for side in order if side != "plain"}
+                runs["plain"].append(plain())
+                for side, future in futures.items():
+                    runs[side].append(future.result())
+        else:  # one at a time, in rotated order
+            for side in order:
+                runs[side].append(plain() if side == "plain" else port(side, rep))
+        for side in order:
             say(f"  [a: throughput] rep {rep + 1}/{reps} {side}: {runs[side][-1]['tokens_per_s']:,.0f} tok/s")
     probe = runs["port"][0]["probe"]
     params = probe["params"]
@@ -342,8 +366,8 @@ def throughput_phase(spec: Spec, data: Path, tok: Path, work: Path, reps: int, c
             "ms_per_batch": 1000 * cfg.tokens_per_batch / tps["median"],
             "mfu": 6 * params * tps["median"] / peak if peak else None,
             "last_loss": [r["last_loss"] for r in runs[side]],
-            "peak_memory_bytes": max((r["probe"]["peak_memory_bytes"] or 0) for r in runs[side]) if side != "plain" else None,
-            "deterministic": runs[side][0]["probe"]["deterministic"] if side != "plain" else True,
+            "peak_memory_bytes": max((r["probe"]["peak_memory_bytes"] or 0) for r in runs[side]) or None,
+            "deterministic": runs[side][0]["probe"]["deterministic"],
         }
     ratio = [p["tokens_per_s"] / q["tokens_per_s"] for p, q in zip(runs["port"], runs["plain"])]
     det = [p["tokens_per_s"] / q["tokens_per_s"] for p, q in zip(runs["port_nondeterministic"], runs["port"])]
@@ -453,12 +477,13 @@ def render(payload: dict[str, Any]) -> str:
         t = r["tokens_per_s"]
         vs = {"plain": "1", "port": f"{a['port_over_plain']['median']:.3f}",
               "port_nondeterministic": f"{a['port_over_plain']['median'] * a['nondeterministic_over_default']['median']:.3f}"}[side]
+        mem = f"{r['peak_memory_bytes'] / 2**30:.1f}" if r["peak_memory_bytes"] else "–"
         rows.append([labels[side], f"{fmt_num(t['median'])} ({fmt_num(t['min'])}–{fmt_num(t['max'])})",
-                     f"{r['ms_per_batch']:.1f}", pct(r["mfu"]), vs])
+                     f"{r['ms_per_batch']:.1f}", pct(r["mfu"]), vs, mem])
     peak = f"{a['peak_bf16_flops'] / 1e12:.0f} TFLOPS" if a["peak_bf16_flops"] else "unknown: no MFU"
     out = [f"(a) throughput, {a['config']['name']}, {a['params'] / 1e6:.1f}M params, batch {a['config']['batch_size']}x"
            f"{a['config']['max_seq_len']}, on {a['device']} (dense bf16 peak {peak})",
-           table(["side", "tok/s med (min–max)", "ms / micro-batch", "MFU (6N)", "÷ plain"], rows),
+           table(["side", "tok/s med (min–max)", "ms / micro-batch", "MFU (6N)", "÷ plain", "peak GPU GiB"], rows),
            f"port / plain {a['port_over_plain']['median']:.3f}; --trainer.deterministic false / default "
            f"{a['nondeterministic_over_default']['median']:.3f}; Δ last loss port vs plain {a['last_loss_diff_port_plain']:.1e}",
            ""]
@@ -513,7 +538,7 @@ def run(quick: bool = False, results_dir: Path = RESULTS_DIR, reps: int | None =
     say(f"== GPU benchmark{' (--quick: CPU smoke test, not GPU results)' if quick else ''}: {spec.name} on {device} ==")
     work = Path(tempfile.mkdtemp(prefix="bench-gpu-", dir=cache_dir()))
     try:
-        a = throughput_phase(spec, data, tok, work, reps, cuda and not quick, peak)
+        a = throughput_phase(spec, data, tok, work, reps, cuda and not quick, peak, jobs)
         ex = exactness_phase(spec, data, tok, work, jobs)
     finally:
         shutil.rmtree(work, ignore_errors=True)

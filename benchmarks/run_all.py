@@ -55,8 +55,20 @@ def summary(payloads: dict[str, dict[str, Any]]) -> str:
         lines += p.get("notes", []) + [""]
         at = p["attribution"]
         lines += [f"Where the time of a micro-batch goes ({at['config']['name']}, accumulation 1; timers around the same "
-                  "work on both sides, median over the timed batches of a run, then over runs):", "",
-                  p["attribution_table"], ""]
+                  "work on both sides, exclusive of the timed calls inside them; median over the timed batches of a run, "
+                  "then over runs):", "", p["attribution_table"], ""]
+        if "loop_overhead_ms" in p:
+            met = "yes" if p["loop_overhead_target_met"] else "NO"
+            mean = p.get("loop_overhead_mean_ms")
+            lines += [f"Loop overhead (`loop_overhead_ms`): **{p['loop_overhead_ms']:+.3f} ms** per micro-batch; target "
+                      f"≤ {p['loop_overhead_target_ms']} ms: {met}"
+                      + (f" (by the mean over batches, which also counts the work done once per `log_interval`: "
+                         f"{mean:+.3f} ms)." if mean is not None else "."), ""]
+        comp = p.get("compile") or {}
+        if p.get("compile_table"):
+            lines += [f"`--model.compile true` vs eager, through Lightning ({len(comp['speedup']['values'])} alternating "
+                      "repetitions; the compile runs in the warm-up batches, outside the timed window; cold compile s = the "
+                      "first compiled run's start → first batch minus the eager run's, in a fresh inductor cache):", "", p["compile_table"], ""]
     if "checkpoint" in payloads:
         p = payloads["checkpoint"]
         lines += [f"### 2. Checkpoint cost (one `ResumeCallback.save` vs MiniMind's save; seconds and bytes, lower is better; {p['environment']['date']})", "",

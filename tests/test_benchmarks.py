@@ -155,6 +155,7 @@ def test_overhead_compile_measures_eager_and_compiled() -> None:
 # --------------------------------------------------------------------------- bench_gpu (GPU; --quick on CPU)
 
 
+@pytest.mark.slow  # about ten CLI processes: a minute on 2 cores
 def test_gpu_benchmark_quick_smoke(tmp_path: Path) -> None:
     """``bench_gpu --quick``: every part runs on the CPU and reports, without claiming GPU results."""
     out = tmp_path / "results"
