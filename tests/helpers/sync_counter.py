@@ -2,7 +2,7 @@
 
 Every call of a tensor method that hands a value to Python (``item``, ``tolist``, ``__bool__``,
 ``__float__``, ``__int__``, ``nonzero``) is a sync on a GPU. Counted from one batch's start to the
-next one's, i.e. the batch, its hooks, and fetching the next batch; printed as one JSON line per rank.
+next one's, i.e. the batch, its hooks, and fetching the next batch; written to ``syncs_rank{R}.json``.
 """
 
 from __future__ import annotations
@@ -54,4 +54,6 @@ class SyncCounter(L.Callback):
         self._batch = None
         for name, original in self._originals.items():
             setattr(torch.Tensor, name, original)
-        print("@@syncs " + json.dumps({"rank": trainer.global_rank, "counts": self.counts}), flush=True)
+        # one file per rank: ranks printing to one pipe at once can interleave their lines
+        with open(f"syncs_rank{trainer.global_rank}.json", "w") as f:
+            json.dump({"rank": trainer.global_rank, "counts": self.counts}, f)
