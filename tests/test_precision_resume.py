@@ -63,7 +63,7 @@ def test_moved_scale_is_restored(tmp_path: Path, source: str) -> None:
     assert after["scaler"]["scale"] == saved[6]["scaler"]["scale"], "the scale was not restored"
 
 
-@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+@pytest.mark.parametrize("precision", ["32-true", pytest.param("bf16-mixed", marks=pytest.mark.slow)])
 def test_partial_gradients_survive_a_change_of_precision(tmp_path: Path, precision: str) -> None:
     """Saved mid-window (batch 5 of a 2-batch window) by an fp16 run with a GradScaler, resumed under
     another precision: the window's update equals the uninterrupted run's up to precision noise

@@ -10,7 +10,9 @@ import torch
 
 from conftest import need_shared, run_cli, tiny_args
 
-PHASES = ["setup", "on_load_checkpoint", "on_fit_start", "train_dataloader", "on_train_batch_start"]
+# before restore and after it (before Lightning's handlers) behave like restore itself: `make test-slow`
+PHASES = [pytest.param("setup", marks=pytest.mark.slow), "on_load_checkpoint",
+          pytest.param("on_fit_start", marks=pytest.mark.slow), "train_dataloader", "on_train_batch_start"]
 
 
 def signal_at(phase: str, signame: str = "SIGTERM") -> list[str]:
