@@ -1,11 +1,12 @@
-"""Run every benchmark (``make bench``): port overhead, checkpoint cost, resume cost, verify speed.
+"""Run every benchmark (``make bench``): port overhead, checkpoint cost, resume cost, verify speed,
+memory of a DDP save inside an accumulation window.
 
 Each benchmark prints its table and writes ``<name>.json`` and ``<name>.png`` under the
 results directory (default ``benchmarks/results/``); this script also writes
 ``summary.md`` there with all tables and, after a full run into the default directory,
 refreshes the tables in ``benchmarks/README.md`` (between the ``bench-results`` markers).
 
-``python -m benchmarks.run_all [--quick] [--only overhead checkpoint resume verify] [--results-dir DIR] [--threads N]``
+``python -m benchmarks.run_all [--quick] [--only overhead checkpoint resume verify ddp_save] [--results-dir DIR] [--threads N]``
 
 ``--quick`` runs toy sizes (seconds; what ``tests/test_benchmarks.py`` runs); its numbers
 mean nothing.
@@ -21,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks import bench_checkpoint, bench_overhead, bench_resume, bench_verify
+from benchmarks import bench_checkpoint, bench_ddp_save, bench_overhead, bench_resume, bench_verify
 from benchmarks.common import RESULTS_DIR, say, write_text
 
 BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {
@@ -29,6 +30,7 @@ BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {
     "checkpoint": bench_checkpoint.run,
     "resume": bench_resume.run,
     "verify": bench_verify.run,
+    "ddp_save": bench_ddp_save.run,
 }
 README = Path(__file__).resolve().parent / "README.md"
 START, END = "<!-- bench-results:start -->", "<!-- bench-results:end -->"
@@ -100,6 +102,14 @@ def summary(payloads: dict[str, dict[str, Any]]) -> str:
                   "the file's pages dropped first (`posix_fadvise(DONTNEED)`).", "", p["table"], "",
                   (f"`verify_file` read {read:,} bytes of the {p['file_bytes']:,}-byte file (one pass); "
                    if read is not None else "") + f"`zlib.crc32` alone in memory: {crc}.", ""]
+    if "ddp_save" in payloads:
+        p = payloads["ddp_save"]
+        lines += [f"### 5. Memory of a checkpoint inside an accumulation window under DDP ({p['world_size']} CPU "
+                  f"processes, gloo, {p['model']}; {p['environment']['date']})", "",
+                  "Saved inside a window, each rank's partial gradients go to rank 0 (point to point, one flat "
+                  "tensor per rank, never pickled); peak extra RSS from the save's start until its files are written, "
+                  "the asynchronous snapshot's buffers (kept between saves) allocated by a warm-up save before.", "",
+                  p["table"], ""]
     return "\n".join(lines)
 
 

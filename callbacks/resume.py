@@ -15,7 +15,6 @@ from typing import Any
 
 import lightning as L
 import torch
-import torch.distributed as dist
 from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
@@ -24,9 +23,10 @@ from callbacks.preemption import STOP
 from callbacks.schedule import SaveSchedule
 from callbacks.wandb_run import describe_wandb_run, wandb_run_id
 from lit_minimind.checkpoint import CheckpointError, checkpoint_stem, library_versions, unwrap_model
-from lit_minimind.lightning_io import SafeCheckpointIO, loops_at, rng_state, set_rng_state
+from lit_minimind.lightning_io import SafeCheckpointIO, loops_at, set_rng_state
 from lit_minimind.minimind_format import add_minimind_keys, fp16_weights
 from lit_minimind.position import optimizer_steps, window_complete
+from lit_minimind.rank_state import gather_rank_states
 
 FORMAT_VERSION = 2
 TRAINING_STATE_KEY = "lit_minimind"  # RNG and partial gradients, per rank
@@ -118,13 +118,10 @@ class ResumeCallback(Checkpoint):
         step = int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
         iters = int(trainer.num_training_batches)
         scaler = getattr(trainer.precision_plugin, "scaler", None)
-        grads = None
-        if not window_complete(step, iters, trainer.accumulate_grad_batches):
-            # saved unscaled, so a resume under another precision (or scale) applies them correctly
-            scale = float(scaler.get_scale()) if scaler is not None else 1.0
-            grads = {n: p.grad.detach().cpu() / scale for n, p in pl_module.named_parameters() if p.grad is not None}
-        gathered = _gather_to_rank0(trainer, {"rng": rng_state(), "grads": grads})
-        checkpoint[TRAINING_STATE_KEY] = {"ranks": gathered, "world_size": trainer.world_size}
+        scale = float(scaler.get_scale()) if scaler is not None else 1.0
+        partial = not window_complete(step, iters, trainer.accumulate_grad_batches)
+        ranks = gather_rank_states(trainer, pl_module, partial, scale)
+        checkpoint[TRAINING_STATE_KEY] = {"ranks": ranks, "world_size": trainer.world_size}
         self._export = add_minimind_keys(checkpoint, step=step, world_size=trainer.world_size, wandb_id=self.wandb_id,
                                          scaler_state=scaler.state_dict() if scaler is not None else None)
 
@@ -156,7 +153,9 @@ class ResumeCallback(Checkpoint):
         ranks = state.get("ranks") or []
         if not ranks:
             return {}
-        mine = dict(ranks[trainer.global_rank] if not translated and len(ranks) > trainer.global_rank else ranks[0])
+        if trainer.global_rank >= len(ranks):
+            return {}  # a rank the saving run did not have: keeps its own stream (seeded seed + rank)
+        mine = dict(ranks[trainer.global_rank])
         if mine.get("grads") and translated:
             rank_zero_warn("world size changed mid accumulation window: its partial gradients are dropped")
             mine["grads"] = None
@@ -320,11 +319,3 @@ class ResumeCallback(Checkpoint):
         trainer.limit_val_batches = 0  # no validation in a preemption's grace period
         rank_zero_info(f"stopped by {self.stopped_by} {what}. Resume with the same command plus --ckpt_path last")
 
-
-def _gather_to_rank0(trainer: L.Trainer, value: Any) -> list[Any]:
-    """``value`` of every rank, on global rank 0 only (a list there; ``[]`` elsewhere)."""
-    if trainer.world_size == 1 or not dist.is_initialized():
-        return [value]
-    gathered: list[Any] | None = [None] * trainer.world_size if trainer.is_global_zero else None
-    dist.gather_object(value, gathered, dst=0)
-    return gathered or []

@@ -89,6 +89,11 @@ class Snapshot:
         self._buffers: list[torch.Tensor] = []
         self._used: list[torch.Tensor] = []
 
+    @property
+    def nbytes(self) -> int:
+        """Memory the copy holds between saves (one checkpoint's tensors)."""
+        return sum(b.untyped_storage().nbytes() for b in self._buffers)
+
     def __call__(self, obj: Any) -> Any:
         self._used = []
         copied = self._copy(obj, {})
@@ -172,6 +177,11 @@ class SafeCheckpointIO(TorchCheckpointIO):
         futures, self._futures = self._futures, []
         for future in futures:
             future.result()
+
+    @property
+    def snapshot_bytes(self) -> int:
+        """Host memory held by the asynchronous snapshot between saves (0 for synchronous writes)."""
+        return self._snapshot.nbytes
 
     @property
     def failed(self) -> bool:

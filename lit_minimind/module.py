@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+import random
 from typing import Any
 
 import lightning as L
@@ -10,6 +12,7 @@ import torch
 
 from lit_minimind.checkpoint import CheckpointError, config_mismatches, shape_config
 from lit_minimind.model import MiniMindConfig, MiniMindForCausalLM
+from lit_minimind.sampler import MINIMIND_SEED
 
 
 def minimind_lr(step: int, total_steps: int, learning_rate: float, warmup_steps: int = 0) -> float:
@@ -22,6 +25,15 @@ def minimind_lr(step: int, total_steps: int, learning_rate: float, warmup_steps:
     if warmup_steps > 0 and step < warmup_steps:
         lr *= step / warmup_steps
     return lr
+
+
+def seed_rank(seed: int) -> None:
+    """MiniMind's ``setup_seed``: Python's, NumPy's and torch's (CPU and CUDA) generators."""
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # every CUDA device too
 
 
 class LitMiniMind(L.LightningModule):
@@ -73,6 +85,14 @@ class LitMiniMind(L.LightningModule):
             self.model.compile()  # in place: no ``_orig_mod.`` wrapper, state dict keys unchanged
         self.epoch_loss = torch.zeros(2)  # running (sum, count) of this epoch's losses: no host sync per batch
         self.last_stats: dict[str, torch.Tensor] = {}
+
+    def setup(self, stage: str) -> None:
+        """Under DDP, rank ``r > 0`` draws (dropout) from its own stream seeded ``seed + r``, as MiniMind's
+        ``setup_seed(42 + rank)``; rank 0 keeps the stream seeded before the model was built (the weights
+        are rank 0's on every rank: DDP broadcasts them). A resume then restores each rank's own state."""
+        rank = self.trainer.global_rank
+        if rank > 0:
+            seed_rank(int(os.environ.get("PL_GLOBAL_SEED", MINIMIND_SEED)) + rank)  # Lightning's seed_everything sets it
 
     # ----------------------------------------------------------------- schedule
     def total_lr_steps(self) -> int:

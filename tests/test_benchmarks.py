@@ -81,6 +81,20 @@ def test_checkpoint_quick(quick_run: tuple[Path, str]) -> None:
     assert all(positive(s) for s in stats_) and r["save_s"]["n"] == data["reps"] >= 2
     assert r["step_s"] > 0 and r["slowdown_at_save_interval_1000"] > 0
     assert all(v >= 0 for v in r["peak_extra_rss_bytes"].values())
+    if "async" in r["modes"]:  # the snapshot kept between asynchronous saves: about one checkpoint's tensors
+        assert 0.5 * b["ours_ckpt"] < r["modes"]["async"]["snapshot_bytes"] < 1.5 * b["ours_ckpt"]
+
+
+def test_ddp_save_quick(quick_run: tuple[Path, str]) -> None:
+    """A save inside an accumulation window on 2 processes: rank 1 holds about one copy of its gradients
+    (nothing pickled), rank 0 its own and rank 1's; no gathered per-rank list survives the save."""
+    out, stdout = quick_run
+    data = load(out, "ddp_save")
+    assert data["table"] in stdout and data["world_size"] == 2
+    ranks = {r["rank"]: r for r in data["ranks"]}
+    assert set(ranks) == {0, 1}
+    assert all(r["gathered_lists_alive"] == 0 and r["grads_bytes"] > 0 for r in ranks.values())
+    assert ranks[0]["snapshot_bytes"] > 0 == ranks[1]["snapshot_bytes"]  # only rank 0 writes
 
 
 def test_resume_quick(quick_run: tuple[Path, str]) -> None:

@@ -24,6 +24,14 @@ def test_ddp_killed_and_resumed_on_two_and_on_one(tmp_path: Path) -> None:
     ref = run_cli(ref_dir, ddp)
     assert ref.returncode == 0, ref.stderr[-3000:]
     assert len(ref.steps) == 12  # 2 epochs x 6 batches per rank
+    # each rank's own RNG stream, seeded 42 + rank as MiniMind's setup_seed (not 42 on every rank)
+    ranks = torch.load(ref_dir / "checkpoints" / "pretrain_64_resume.pth", weights_only=True)["lit_minimind"]["ranks"]
+    seeds = []
+    for state in ranks:
+        generator = torch.Generator()
+        generator.set_state(state["rng"]["torch"])
+        seeds.append(generator.initial_seed())
+    assert seeds == [42, 43]
 
     # killed (whole process group) during epoch 2: resumes from epoch 1's end or epoch 2's step 5
     killed = run_cli(killed_dir, ddp + ["--ckpt_path", "last"], kill_after_lines=9)
