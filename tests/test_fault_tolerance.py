@@ -17,8 +17,14 @@ import torch
 from conftest import ROOT, cli_env, need_shared, run_cli, tiny_args
 
 
-def test_ten_seeded_kill_trials_each_end_bit_identical(tmp_path: Path) -> None:
-    """>= 10 trials, each killed once at a random console line or inside a random file write."""
+def seeded_trials() -> list[tuple[str, int]]:
+    """Ten kills, alternating: at a random console line, inside a random file write (seed 1234)."""
+    rng = random.Random(1234)
+    return [("save", rng.randint(1, 20)) if trial % 2 else ("line", rng.randint(1, 23)) for trial in range(10)]
+
+
+def run_kill_trials(tmp_path: Path, trials: list[tuple[str, int]]) -> None:
+    """Each trial: killed once as ``trials`` says, resumed with ``--ckpt_path last``; ends bit-identical."""
     need_shared()
     args = tiny_args(epochs=2, accumulate=2, save_interval=3)
     ref_dir = tmp_path / "ref"
@@ -26,17 +32,16 @@ def test_ten_seeded_kill_trials_each_end_bit_identical(tmp_path: Path) -> None:
     ref = run_cli(ref_dir, args)
     assert ref.returncode == 0
     ref_out = torch.load(ref_dir / "out" / "pretrain_64.pth", weights_only=True)
-    rng = random.Random(1234)
     in_save = 0
-    for trial in range(10):
+    for trial, (kind, where) in enumerate(trials):
         run_dir = tmp_path / f"t{trial}"
         run_dir.mkdir()
-        if trial % 2:
-            env = cli_env(LIT_MINIMIND_TEST_STOP_IN_SAVE=str(rng.randint(1, 20)))
+        if kind == "save":
+            env = cli_env(LIT_MINIMIND_TEST_STOP_IN_SAVE=str(where))
             killed = run_cli(run_dir, args + ["--ckpt_path", "last"], env=env)
             in_save += "@@stopped-in-save" in killed.stdout
         else:
-            killed = run_cli(run_dir, args + ["--ckpt_path", "last"], kill_after_lines=rng.randint(1, 23))
+            killed = run_cli(run_dir, args + ["--ckpt_path", "last"], kill_after_lines=where)
         assert killed.returncode == -9
         assert not list(run_dir.glob("checkpoints/*.tmp")) or "@@stopped-in-save" in killed.stdout
         done = run_cli(run_dir, args + ["--ckpt_path", "last"])
@@ -45,7 +50,18 @@ def test_ten_seeded_kill_trials_each_end_bit_identical(tmp_path: Path) -> None:
             assert values == ref.steps[key], (trial, key)
         out = torch.load(run_dir / "out" / "pretrain_64.pth", weights_only=True)
         assert all(torch.equal(out[k], ref_out[k]) for k in ref_out), f"trial {trial} differs"
-    assert in_save == 5
+    assert in_save == sum(kind == "save" for kind, _ in trials)
+
+
+def test_seeded_kill_trials_each_end_bit_identical(tmp_path: Path) -> None:
+    """The first 4 of the 10 seeded trials (2 at a console line, 2 inside a file write)."""
+    run_kill_trials(tmp_path, seeded_trials()[:4])
+
+
+@pytest.mark.slow
+def test_seeded_kill_trials_each_end_bit_identical_rest(tmp_path: Path) -> None:
+    """The other 6 of the 10 seeded trials (make test-slow)."""
+    run_kill_trials(tmp_path, seeded_trials()[4:])
 
 
 def _partial_run(tmp_path: Path, *extra: str) -> tuple[Path, list[str]]:

@@ -36,7 +36,8 @@ def run_and_signal(cwd: Path, args: list[str], after_lines: int, signals: list[i
     return Run(proc.returncode, stdout, err, LINE_RE.findall(stdout))
 
 
-@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT", "SIGUSR1"])
+# SIGUSR1 also saves and stops in tests/test_slurm.py (the requeued job resumes exactly)
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT", pytest.param("SIGUSR1", marks=pytest.mark.slow)])
 def test_signal_saves_and_exits_zero_then_resume_is_exact(tmp_path: Path, signame: str) -> None:
     need_shared()
     args = tiny_args(epochs=2, accumulate=2, save_interval=100)
