@@ -6,9 +6,10 @@ weight decay 0.01), precision (fp32, as MiniMind on CPU), gradient accumulation 
 step every N micro-batches), LR rule (MiniMind's cosine, set per micro-batch) and clipping
 (global norm 1.0). The Lightning side is the real thing: ``Trainer`` with
 :class:`LitMiniMind`, :class:`MiniMindDataModule`, :class:`ResumeCallback` (save interval
-larger than the run, so no save happens), :class:`MiniMindConsole` and Lightning's default
-logger with ``log_every_n_steps=1``, as ``python -m lit_minimind.fit`` configures it. The
-plain loop is MiniMind's ``train_epoch`` written out below.
+larger than the run; the save where training stops, at ``max_steps``, falls after the timed
+window), :class:`MiniMindConsole` and Lightning's default logger with ``log_every_n_steps=1``, as
+``python -m lit_minimind.fit`` configures it. The plain loop is
+MiniMind's ``train_epoch`` written out below.
 
 Throughput is measured in steady state: from the end of the last warm-up micro-batch to the
 end of the last timed one (everything either side does between two batches is inside the
@@ -152,6 +153,8 @@ class Timers:
         setattr(owner, name, timed)
 
     def wrap_shared(self, model: Any) -> None:
+        """Wrap the work both loops share: ``__getitem__``, ``model.forward`` (an instance or the
+        class), backward, clipping and AdamW's update."""
         import importlib
 
         import torch
@@ -271,7 +274,9 @@ def lightning_run(cfg: Config, data: Path, tok: Path, workdir: Path, timers: Tim
     from lit_minimind.datamodule import MiniMindDataModule
     from lit_minimind.module import LitMiniMind
 
-    class BatchClock(Callback):  # last in the list: its timestamp follows the other callbacks' work
+    class BatchClock(Callback):  # first in the list: the save where training stops (max_steps, in the last
+        # batch's on_train_batch_end) comes after the last stamp, outside the timed window; between two
+        # stamps lies all of one batch's work, the other callbacks' included
         def __init__(self) -> None:
             self.ends: list[tuple[float, float]] = []
 
@@ -294,7 +299,7 @@ def lightning_run(cfg: Config, data: Path, tok: Path, workdir: Path, timers: Tim
     trainer = L.Trainer(
         accelerator="cpu", devices=1, precision="32-true", max_epochs=1,
         max_steps=cfg.batches // cfg.accumulate, accumulate_grad_batches=cfg.accumulate, gradient_clip_val=1.0,
-        callbacks=[*ours, clock], default_root_dir=str(workdir),
+        callbacks=[clock, *ours], default_root_dir=str(workdir),
         # as lit_minimind.fit's trainer_defaults; logger=True is Lightning's default logger
         use_distributed_sampler=False, log_every_n_steps=1, logger=True,
         enable_progress_bar=False, enable_model_summary=False,

@@ -10,7 +10,8 @@ its median over the timed micro-batches of all runs; the shared work's phases ar
 totals, so ``loop ms`` is what each loop adds around the same work. Lightning's callbacks here are
 the port's (``ResumeCallback``, ``MiniMindConsole``) between a first and a last stamping callback.
 
-``python -m benchmarks.loop_phases [--reps N] [--results-dir DIR] [--threads N]`` (about a minute)
+``python -m benchmarks.loop_phases [--quick] [--reps N] [--results-dir DIR] [--threads N]`` (about a minute;
+``--quick``: 16 timed micro-batches, one run, numbers mean nothing)
 """
 
 from __future__ import annotations
@@ -18,25 +19,25 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import importlib
 import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench_overhead import ATTRIBUTION, plain_run
+from benchmarks.bench_overhead import _MISSING, ATTRIBUTION, Timers, plain_run
 from benchmarks.common import RESULTS_DIR, bench_parser, default_data, environment, quiet, say, set_threads, table, write_json
 
-SHARED = ("data", "forward", "backward", "clip", "AdamW update")
+SHARED = Timers.SHARED
 
 
-class Stamps:
-    """``(name, perf_counter)`` pairs; ``wrap`` stamps ``name[`` and ``name]`` around a function."""
+class Stamps(Timers):
+    """``(name, perf_counter)`` pairs; ``wrap`` stamps ``name[`` and ``name]`` around a function
+    (``Timers``' wrapping of the shared work and its ``restore``)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.marks: list[tuple[str, float]] = []
-        self._undo: list[tuple[Any, str, Any]] = []
 
     def mark(self, name: str) -> None:
         self.marks.append((name, time.perf_counter()))
@@ -52,27 +53,8 @@ class Stamps:
             finally:
                 self.mark(f"{name}]")
 
-        self._undo.append((owner, attr, owner.__dict__.get(attr)))
+        self._undo.append((owner, attr, owner.__dict__.get(attr, _MISSING)))
         setattr(owner, attr, stamped)
-
-    def wrap_shared(self, model_owner: Any, model_attr: str) -> None:
-        import torch
-
-        from lit_minimind.dataset import PretrainDataset
-
-        self.wrap(PretrainDataset, "__getitem__", "data")
-        self.wrap(model_owner, model_attr, "forward")
-        self.wrap(torch.Tensor, "backward", "backward")
-        self.wrap(torch.nn.utils, "clip_grad_norm_", "clip")
-        self.wrap(importlib.import_module("torch.optim.adam"), "adam", "AdamW update")
-
-    def restore(self) -> None:
-        for owner, attr, original in reversed(self._undo):
-            if original is None:
-                delattr(owner, attr)
-            else:
-                setattr(owner, attr, original)
-        self._undo.clear()
 
     def phases(self, end: str, skip: int) -> dict[str, list[float]]:
         """ms per phase ``a -> b`` over the micro-batches after the first ``skip`` (split at ``end``)."""
@@ -131,7 +113,7 @@ def lightning_side(stamps: Stamps, cfg: Any, data: Path, tok: Path) -> None:
                             gradient_clip_val=1.0, callbacks=[First(), *ours, Last()], default_root_dir=tmp,
                             use_distributed_sampler=False, log_every_n_steps=1, logger=True,
                             enable_progress_bar=False, enable_model_summary=False)
-        stamps.wrap_shared(module.model, "forward")
+        stamps.wrap_shared(module.model)
         try:
             trainer.fit(module, datamodule=datamodule)
         finally:
@@ -147,7 +129,7 @@ def plain_side(stamps: Stamps, cfg: Any, data: Path, tok: Path) -> None:
         def wrap_shared(self, model: Any) -> None: pass
         def batch_end(self) -> None: stamps.mark("batch end")
 
-    stamps.wrap_shared(MiniMindForCausalLM, "forward")
+    stamps.wrap_shared(MiniMindForCausalLM)
     stamps.wrap(torch.optim.AdamW, "zero_grad", "zero_grad")
     try:
         plain_run(cfg, data, tok, Clock())
@@ -155,8 +137,8 @@ def plain_side(stamps: Stamps, cfg: Any, data: Path, tok: Path) -> None:
         stamps.restore()
 
 
-def measure(reps: int) -> dict[str, Any]:
-    cfg = dataclasses.replace(ATTRIBUTION, timed_batches=200)
+def measure(reps: int, quick: bool = False) -> dict[str, Any]:
+    cfg = dataclasses.replace(ATTRIBUTION, timed_batches=16 if quick else 200)
     data, tok = default_data()
     sides = {"plain": plain_side, "lightning": lightning_side}
     phases: dict[str, dict[str, list[float]]] = {s: collections.defaultdict(list) for s in sides}
@@ -189,20 +171,21 @@ def render(result: dict[str, Any]) -> str:
     return table(["side", "phase (between consecutive stamps; medians)", "ms per micro-batch"], rows)
 
 
-def run(results_dir: Path = RESULTS_DIR, reps: int = 3, threads: int | None = None) -> dict[str, Any]:
+def run(results_dir: Path = RESULTS_DIR, reps: int = 3, threads: int | None = None, quick: bool = False) -> dict[str, Any]:
     threads = set_threads(threads)
     say(f"== loop phases: Lightning vs plain, {ATTRIBUTION.name}, {reps} runs of each side after a warm-up ==")
-    result = measure(reps)
+    result = measure(reps, quick)
     text = render(result)
     say(text)
-    payload = {"benchmark": "loop_phases", "threads": threads, "environment": environment(), **result, "table": text}
+    payload = {"benchmark": "loop_phases", "quick": quick, "threads": threads, "environment": environment(), **result,
+               "table": text}
     write_json(results_dir / "loop_phases.json", payload)
     return payload
 
 
 def main(argv: list[str] | None = None) -> int:
     args = bench_parser(__doc__, "runs of each side after a warm-up (default 3)").parse_args(argv)
-    run(args.results_dir, args.reps or 3, args.threads)
+    run(args.results_dir, args.reps or (1 if args.quick else 3), args.threads, args.quick)
     return 0
 
 

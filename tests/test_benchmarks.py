@@ -131,6 +131,22 @@ def test_readme_tables_are_replaced_between_markers(tmp_path: Path) -> None:
     assert not update_readme("x", tmp_path / "plain.md")
 
 
+def test_loop_phases_quick(tmp_path: Path) -> None:
+    """Every stamped boundary of both loops shows up; the shared work is kept out of the loop totals."""
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.loop_phases", "--quick", "--results-dir", str(tmp_path)],
+                          cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads((tmp_path / "loop_phases.json").read_text())
+    assert data["table"] in proc.stdout
+    light, plain = data["lightning"], data["plain"]
+    for phase in ("on_before_backward -> backward[", "AdamW update] -> on_train_batch_end (first callback)",
+                  "on_train_batch_end (first callback) -> batch end"):
+        assert phase in light["phases_ms"], phase
+    assert "zero_grad[ -> zero_grad]" in plain["phases_ms"]
+    assert set(light["shared_ms"]) >= {"forward[ -> forward]", "backward[ -> backward]", "AdamW update[ -> AdamW update]"}
+    assert light["loop_ms"] > 0 and plain["loop_ms"] > 0 and light["shared_total_ms"] > light["loop_ms"]
+
+
 def test_alternating_rotates_every_item_through_every_slot() -> None:
     from benchmarks.common import alternating
 
