@@ -21,7 +21,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from callbacks.files import CheckpointFiles
 from callbacks.preemption import STOP
 from callbacks.schedule import SaveSchedule
-from callbacks.wandb_run import describe_wandb_run, wandb_run_id
+from callbacks.wandb_run import describe_wandb_run, resume_record, wandb_run_id
 from lit_minimind.checkpoint import CheckpointError, checkpoint_stem, library_versions, unwrap_model
 from lit_minimind.lightning_io import SafeCheckpointIO, loops_at, set_rng_state
 from lit_minimind.minimind_format import add_minimind_keys, fp16_weights
@@ -68,6 +68,7 @@ class ResumeCallback(Checkpoint):
         self.wandb_id: str | None = None
         self.best_val_loss: float | None = None
         self.resumed_from: dict[str, Any] | None = None
+        self.resume_records: dict[str, Any] = {}  # every resume of this run (checkpointed; for the wandb config)
         self.stopped_by: str | None = None
         self.saved_files: list[Path] = []
         self._pending: dict[str, Any] | None = None  # RNG and partial gradients to apply at train start
@@ -102,12 +103,13 @@ class ResumeCallback(Checkpoint):
     # ------------------------------------------------------------------ state (Lightning saves and restores it)
     def state_dict(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "wandb_id": self.wandb_id, "best_val_loss": self.best_val_loss,
-                "format": FORMAT_VERSION, "versions": library_versions()}
+                "resume_records": dict(self.resume_records), "format": FORMAT_VERSION, "versions": library_versions()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.run_id = state_dict.get("run_id") or self.run_id
         self.wandb_id = state_dict.get("wandb_id")
         self.best_val_loss = state_dict.get("best_val_loss")
+        self.resume_records = dict(state_dict.get("resume_records") or {})
         for lib, version in (state_dict.get("versions") or {}).items():
             if lib in ("torch", "lightning") and version != library_versions()[lib]:
                 rank_zero_warn(f"checkpoint was written with {lib} {version}, this run uses "
@@ -174,7 +176,9 @@ class ResumeCallback(Checkpoint):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         STOP.install()  # replaces Lightning's SIGTERM handler: a signal now waits for the optimizer step
         self.schedule.saved()
-        self.wandb_id = describe_wandb_run(trainer, self.resumed_from) or self.wandb_id
+        if self.resumed_from is not None:
+            self.resume_records.update(resume_record(trainer, self.resumed_from))
+        self.wandb_id = describe_wandb_run(trainer, self.resume_records) or self.wandb_id
         pending, self._pending = self._pending or {}, None
         if pending.get("grads"):
             scaler = getattr(trainer.precision_plugin, "scaler", None)

@@ -39,15 +39,21 @@ def wandb_run_id(trainer: L.Trainer) -> str | None:
     return str(logger.experiment.id) if logger is not None and trainer.is_global_zero else None
 
 
-def describe_wandb_run(trainer: L.Trainer, resumed_from: dict[str, Any] | None) -> str | None:
-    """One step axis for every metric (``micro_step``) and, on resume, where it resumed from. Returns the run id."""
+def resume_record(trainer: L.Trainer, resumed_from: dict[str, Any]) -> dict[str, Any]:
+    """``{"resume_at_global_step_N": where this run resumed from}``, for the run's config."""
+    record = {**resumed_from, "checkpoint": str(trainer.ckpt_path), "world_size_now": trainer.world_size}
+    return {f"resume_at_global_step_{resumed_from['global_step']}": record}
+
+
+def describe_wandb_run(trainer: L.Trainer, resume_records: dict[str, Any]) -> str | None:
+    """One step axis for every metric (``micro_step``) and every resume of the run so far in its config
+    (all of them each time: a process SIGKILLed before wandb wrote its config loses none). Returns the run id."""
     logger = wandb_logger(trainer)
     if logger is None or not trainer.is_global_zero:
         return None
     run = logger.experiment
     run.define_metric("micro_step")
     run.define_metric("*", step_metric="micro_step")
-    if resumed_from is not None:
-        record = {**resumed_from, "checkpoint": str(trainer.ckpt_path), "world_size_now": trainer.world_size}
-        run.config.update({f"resume_at_global_step_{resumed_from['global_step']}": record}, allow_val_change=True)
+    if resume_records:
+        run.config.update(dict(resume_records), allow_val_change=True)
     return str(run.id)

@@ -81,13 +81,15 @@ def loops_at(template: dict[str, Any], position: DataPosition, accumulate: int, 
 class Snapshot:
     """Copies a checkpoint dict so training can go on while it is written: containers copied, tensors
     copied to CPU (pinned memory on CUDA), shared objects and storages kept shared (``torch.save``
-    still writes each once). The copy's buffers are reused by the next snapshot - the same state has
-    the same tensors - so a save does not pay for fresh memory each time; the caller makes sure the
-    previous copy was written before taking the next one."""
+    still writes each once). The copy's buffers are reused by the next snapshot, matched by shape and
+    dtype - the same state has the same tensors - so a save does not pay for fresh memory each time
+    (a buffer the next snapshot has no tensor for is freed); the caller makes sure the previous copy
+    was written before taking the next one."""
 
     def __init__(self) -> None:
         self._buffers: list[torch.Tensor] = []
         self._used: list[torch.Tensor] = []
+        self._free: dict[tuple[Any, ...], list[torch.Tensor]] = {}
 
     @property
     def nbytes(self) -> int:
@@ -95,9 +97,12 @@ class Snapshot:
         return sum(b.untyped_storage().nbytes() for b in self._buffers)
 
     def __call__(self, obj: Any) -> Any:
+        self._free = {}
+        for buffer in self._buffers:
+            self._free.setdefault((tuple(buffer.shape), buffer.dtype, buffer.is_pinned()), []).append(buffer)
         self._used = []
         copied = self._copy(obj, {})
-        self._buffers = self._used
+        self._buffers, self._free = self._used, {}
         if any(b.is_pinned() for b in self._used):
             torch.cuda.synchronize()  # the device-to-host copies are complete before the writer reads them
         return copied
@@ -117,10 +122,8 @@ class Snapshot:
         return obj
 
     def _tensor(self, tensor: torch.Tensor) -> torch.Tensor:
-        i = len(self._used)
-        buffer = self._buffers[i] if i < len(self._buffers) else None
-        if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
-            buffer = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=tensor.is_cuda)
+        free = self._free.get((tuple(tensor.shape), tensor.dtype, tensor.is_cuda))
+        buffer = free.pop() if free else torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=tensor.is_cuda)
         buffer.copy_(tensor.detach(), non_blocking=tensor.is_cuda)
         self._used.append(buffer)
         return buffer

@@ -131,6 +131,7 @@ def test_readme_tables_are_replaced_between_markers(tmp_path: Path) -> None:
     assert not update_readme("x", tmp_path / "plain.md")
 
 
+@pytest.mark.slow
 def test_loop_phases_quick(tmp_path: Path) -> None:
     """Every stamped boundary of both loops shows up; the shared work is kept out of the loop totals."""
     proc = subprocess.run([sys.executable, "-m", "benchmarks.loop_phases", "--quick", "--results-dir", str(tmp_path)],

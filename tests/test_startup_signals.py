@@ -12,7 +12,8 @@ from conftest import need_shared, run_cli, tiny_args
 
 # before restore and after it (before Lightning's handlers) behave like restore itself: `make test-slow`
 PHASES = [pytest.param("setup", marks=pytest.mark.slow), "on_load_checkpoint",
-          pytest.param("on_fit_start", marks=pytest.mark.slow), "train_dataloader", "on_train_batch_start"]
+          pytest.param("on_fit_start", marks=pytest.mark.slow), pytest.param("train_dataloader", marks=pytest.mark.slow),
+          "on_train_batch_start"]
 
 
 def signal_at(phase: str, signame: str = "SIGTERM") -> list[str]:
