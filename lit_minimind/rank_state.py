@@ -46,7 +46,9 @@ def gather_rank_states(trainer: Any, module: torch.nn.Module, partial: bool, sca
     mine = {"rng": rng_state(), "present": present}
     world = trainer.world_size
     if world == 1 or not dist.is_initialized():
-        return [_state(module, mine, flat)]
+        return [_state(module, mine, flat.cpu() if flat is not None else None)]
+    if flat is not None and dist.get_backend() == "gloo":
+        flat = flat.cpu()  # gloo sends CPU tensors (CUDA ones only through NCCL)
     small: list[Any] | None = [None] * world if trainer.is_global_zero else None
     dist.gather_object(mine, small, dst=0)  # RNG states and masks: a few KiB per rank
     if not trainer.is_global_zero:

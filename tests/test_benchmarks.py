@@ -39,6 +39,7 @@ def positive(s: dict) -> bool:
     return 0 < s["min"] <= s["median"] <= s["max"] and len(s["values"]) == s["n"] >= 1
 
 
+@pytest.mark.slow  # the quick run of every benchmark: a minute on 2 cores (make test-slow)
 def test_overhead_quick(quick_run: tuple[Path, str]) -> None:
     out, stdout = quick_run
     data = load(out, "overhead")
@@ -56,6 +57,7 @@ def test_overhead_quick(quick_run: tuple[Path, str]) -> None:
     assert data["attribution_table"] in stdout
 
 
+@pytest.mark.slow  # the quick run of every benchmark: a minute on 2 cores (make test-slow)
 def test_checkpoint_quick(quick_run: tuple[Path, str]) -> None:
     out, stdout = quick_run
     data = load(out, "checkpoint")
@@ -85,6 +87,7 @@ def test_checkpoint_quick(quick_run: tuple[Path, str]) -> None:
         assert 0.5 * b["ours_ckpt"] < r["modes"]["async"]["snapshot_bytes"] < 1.5 * b["ours_ckpt"]
 
 
+@pytest.mark.slow  # the quick run of every benchmark: a minute on 2 cores (make test-slow)
 def test_ddp_save_quick(quick_run: tuple[Path, str]) -> None:
     """A save inside an accumulation window on 2 processes: rank 1 holds about one copy of its gradients
     (nothing pickled), rank 0 its own and rank 1's; no gathered per-rank list survives the save."""
@@ -97,6 +100,7 @@ def test_ddp_save_quick(quick_run: tuple[Path, str]) -> None:
     assert ranks[0]["snapshot_bytes"] > 0 == ranks[1]["snapshot_bytes"]  # only rank 0 writes
 
 
+@pytest.mark.slow  # the quick run of every benchmark: a minute on 2 cores (make test-slow)
 def test_resume_quick(quick_run: tuple[Path, str]) -> None:
     out, stdout = quick_run
     data = load(out, "resume")
@@ -112,6 +116,7 @@ def test_resume_quick(quick_run: tuple[Path, str]) -> None:
         assert all(v > -0.05 for v in phases.values())
 
 
+@pytest.mark.slow  # the quick run of every benchmark: a minute on 2 cores (make test-slow)
 def test_summary_quick(quick_run: tuple[Path, str]) -> None:
     out, _ = quick_run
     text = (out / "summary.md").read_text()
@@ -156,6 +161,7 @@ def test_alternating_rotates_every_item_through_every_slot() -> None:
     assert [alternating(["x", "y"], rep) for rep in range(2)] == [["x", "y"], ["y", "x"]]
 
 
+@pytest.mark.slow  # the quick run of every benchmark: a minute on 2 cores (make test-slow)
 def test_overhead_quick_reports_loop_overhead_and_skips_compile(quick_run: tuple[Path, str]) -> None:
     out, stdout = quick_run
     data = load(out, "overhead")
