@@ -21,8 +21,9 @@ def only(run_dir: Path, pattern: str) -> Path:
     return found[0]
 
 
-def test_deterministic_kernels_are_on_by_default(tmp_path: Path) -> None:
+def test_deterministic_kernels_are_on_by_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     need_shared()
+    monkeypatch.chdir(tmp_path)  # the in-process run below writes LightningCLI's config.yaml into the cwd
     run = run_cli(tmp_path, tiny_args(epochs=1) + ["--trainer.max_steps", "1", "--print_config"])
     assert run.returncode == 0, run.stderr[-2000:]
     assert "deterministic: warn" in run.stdout
