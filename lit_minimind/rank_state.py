@@ -1,9 +1,9 @@
 """Each rank's own training state for a checkpoint: its RNG and, inside an accumulation window, its
 partial gradients, collected on global rank 0 (the rank that writes).
 
-The gradients travel as one flat tensor per rank, point to point (``send``/``recv``, gloo and
-NCCL alike), never pickled: a rank other than 0 holds one copy of its gradients while it is sent,
-rank 0 its own and the other ranks' (one receive buffer on the device, reused). Saved unscaled, so a
+The gradients travel as one flat tensor per rank, point to point (``send``/``recv``), never
+pickled: a rank other than 0 holds one copy of its gradients while it is sent, rank 0 its own and
+the other ranks' (with NCCL one receive buffer on the device, reused; gloo sends CPU copies). Saved unscaled, so a
 resume under another precision or loss scale applies them correctly.
 """
 
@@ -17,10 +17,15 @@ import torch.distributed as dist
 from lit_minimind.lightning_io import rng_state
 
 
+def trainable(module: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    """The parameters that take gradients, in parameter order (the same on every rank)."""
+    return [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+
+
 def flat_partial_gradients(module: torch.nn.Module, scale: float) -> tuple[torch.Tensor, list[bool]]:
     """Every trainable parameter's gradient divided by ``scale``, concatenated in parameter order
     (zeros where a parameter has none), and which parameters had one."""
-    params = [p for p in module.parameters() if p.requires_grad]
+    params = [p for _, p in trainable(module)]
     present = [p.grad is not None for p in params]
     parts = [(p.grad.detach() if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
     flat = torch.cat(parts) if parts else torch.zeros(0)
@@ -30,8 +35,7 @@ def flat_partial_gradients(module: torch.nn.Module, scale: float) -> tuple[torch
 def named_gradients(module: torch.nn.Module, flat: torch.Tensor, present: list[bool]) -> dict[str, torch.Tensor]:
     """``{name: gradient}`` as views into ``flat`` (one storage: written once)."""
     grads, offset = {}, 0
-    named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-    for (name, param), has in zip(named, present):
+    for (name, param), has in zip(trainable(module), present):
         n = param.numel()
         if has:
             grads[name] = flat[offset:offset + n].view(param.shape)
