@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: fit test test-slow test-compat bench bench-gpu install clean
+.PHONY: lint fit test test-slow test-compat bench bench-gpu install clean
 
 $(STAMP): pyproject.toml setup.cfg
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +19,10 @@ install: $(STAMP)
 fit: $(STAMP)
 	$(PY) -m lit_minimind.fit $(ARGS)
 
-test: $(STAMP)
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+test: $(STAMP) lint
 	$(PY) -m pytest -q -n 2 -m "not slow" tests $(PYTEST_ARGS)
 
 # minutes-long checks (torch.compile on CPU, ...): CI runs them after `make test`

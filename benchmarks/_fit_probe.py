@@ -19,9 +19,9 @@ def mark(event: str, extra: str = "") -> None:
 
 
 def install() -> None:
-    import lit_minimind.dataset as dataset
+    import lit_minimind.data.dataset as dataset
+    import lit_minimind.data.sampler as sampler
     import lit_minimind.lightning_io as lightning_io
-    import lit_minimind.sampler as sampler
     from callbacks.console import MiniMindConsole
 
     def timed(module: object, name: str, event: str) -> None:
@@ -64,7 +64,7 @@ def install() -> None:
 
 if __name__ == "__main__":
     mark("interpreter_ready")
-    import lit_minimind.fit as fit
+    import lit_minimind.cli.fit as fit
 
     mark("imported")
     install()

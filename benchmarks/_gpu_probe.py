@@ -99,7 +99,7 @@ def install() -> None:
 
 
 if __name__ == "__main__":
-    import lit_minimind.fit as fit
+    import lit_minimind.cli.fit as fit
 
     install()
     sys.exit(fit.main(sys.argv[1:]))

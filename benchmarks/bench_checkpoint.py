@@ -314,9 +314,9 @@ def measure_mode(mode: str, hidden: int, layers: int, reps: int, root: Path, dat
     import lightning as L
     import torch
 
-    from lit_minimind.datamodule import MiniMindDataModule
-    from lit_minimind.lightning_io import SafeCheckpointIO
-    from lit_minimind.module import LitMiniMind
+    from lit_minimind.data.datamodule import MiniMindDataModule
+    from lit_minimind.model.module import LitMiniMind
+    from lit_minimind.resume.io import SafeCheckpointIO
 
     workdir = root / mode
     mm_dir, bare_dir = workdir / "minimind", workdir / "bare"
@@ -388,7 +388,7 @@ def measure_mode(mode: str, hidden: int, layers: int, reps: int, root: Path, dat
         wait_for_writes(callback, trainer, module, mode)
     if "times" not in result:
         raise RuntimeError("the save probe never ran (no training batch?)")
-    del trainer, module, callback, datamodule
+    del trainer, module, datamodule  # (callback: read by measure, a closure)
     _trim()
     return result
 

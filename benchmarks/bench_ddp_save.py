@@ -29,8 +29,18 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.bench_checkpoint import _rss_bytes, _status_kb, _trim
-from benchmarks.common import (RESULTS_DIR, bench_parser, default_data, environment, pyplot, save_figure, say, set_threads,
-                               table, write_json)
+from benchmarks.common import (
+    RESULTS_DIR,
+    bench_parser,
+    default_data,
+    environment,
+    pyplot,
+    save_figure,
+    say,
+    set_threads,
+    table,
+    write_json,
+)
 
 FULL_SIZE, QUICK_SIZE = (768, 8), (64, 2)
 WORLD_SIZE = 2
@@ -65,9 +75,9 @@ def worker(out: Path, hidden: int, layers: int) -> None:
     import lightning as L
 
     from callbacks import ResumeCallback
-    from lit_minimind.datamodule import MiniMindDataModule
-    from lit_minimind.lightning_io import SafeCheckpointIO
-    from lit_minimind.module import LitMiniMind
+    from lit_minimind.data.datamodule import MiniMindDataModule
+    from lit_minimind.model.module import LitMiniMind
+    from lit_minimind.resume.io import SafeCheckpointIO
 
     class Probe(L.Callback):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # noqa: ANN001

@@ -26,7 +26,7 @@ joined into long texts, so every sequence is full), accumulation 1:
     per save (what the background write costs the loop, GIL and copies included).
 
 ``--quick`` is a CPU smoke test (tests/test_benchmarks.py): a tiny model, the CPU accelerator,
-``32-true`` in place of bf16-mixed and ``lit_minimind.precision.CPUFloat16Mixed`` (fp16 with a CPU
+``32-true`` in place of bf16-mixed and ``lit_minimind.model.precision.CPUFloat16Mixed`` (fp16 with a CPU
 GradScaler) in place of 16-mixed; its numbers are not GPU results and its JSON says so
 (``gpu_results: false``, written as ``gpu_quick.json``). Without CUDA and without ``--quick`` it
 exits with status 2 and one line; when a bit-for-bit check fails, with status 1 (after writing the
@@ -54,8 +54,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import (
-    ROOT,
     RESULTS_DIR,
+    ROOT,
     alternating,
     bench_parser,
     cache_dir,
@@ -123,7 +123,7 @@ QUICK = Spec("quick 64x1 (CPU smoke test)", 64, 1, 32, 4, 1, 1e-3, "cpu",
              resume_steps=12, save_interval=4, resume_log_interval=1,
              num_workers=0, lines=256, reps=1,
              precisions=[("32-true", ["--trainer.precision", "32-true"]),
-                         ("16-mixed (CPUFloat16Mixed)", ["--trainer.plugins", "lit_minimind.precision.CPUFloat16Mixed"])],
+                         ("16-mixed (CPUFloat16Mixed)", ["--trainer.plugins", "lit_minimind.model.precision.CPUFloat16Mixed"])],
              plain_precision="32-true", jobs=2)
 
 
@@ -137,7 +137,7 @@ class NoGPU(RuntimeError):
 def synthetic_jsonl(lines: int) -> Path:
     """A pretrain jsonl of ``lines`` long texts (>= 2,400 characters: pages of the embedded corpus
     joined at random, deterministically), so every sequence of 340 tokens is full. Built once."""
-    from lit_minimind.corpus import embedded_texts
+    from lit_minimind.data.corpus import embedded_texts
 
     path = cache_dir() / f"bench-gpu-{lines}-v1.jsonl"
     if path.is_file():
@@ -381,7 +381,7 @@ def throughput_phase(spec: Spec, data: Path, tok: Path, work: Path, reps: int, c
 
 
 def exactness_phase(spec: Spec, data: Path, tok: Path, work: Path, jobs: int) -> dict[str, Any]:
-    from lit_minimind.checkpoint import checkpoint_stem
+    from lit_minimind.checkpoint.names import checkpoint_stem
 
     stem = checkpoint_stem("pretrain", spec.hidden_size, False)
     steps, interval, log = spec.resume_steps, spec.save_interval, spec.resume_log_interval

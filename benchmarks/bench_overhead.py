@@ -47,8 +47,8 @@ from typing import Any
 
 from benchmarks.common import (
     RESULTS_DIR,
-    bench_parser,
     alternating,
+    bench_parser,
     cache_dir,
     default_data,
     environment,
@@ -159,7 +159,7 @@ class Timers:
 
         import torch
 
-        from lit_minimind.dataset import PretrainDataset
+        from lit_minimind.data.dataset import PretrainDataset
 
         adam_module = importlib.import_module("torch.optim.adam")  # torch.optim hides the submodule name
 
@@ -204,11 +204,11 @@ def plain_run(cfg: Config, data: Path, tok: Path, timers: Timers | None = None, 
     from torch.utils.data import DataLoader
 
     from callbacks.console import format_minimind_line
-    from lit_minimind.dataset import PretrainDataset
+    from lit_minimind.data.dataset import PretrainDataset
+    from lit_minimind.data.sampler import SkipBatchSampler, epoch_permutation
+    from lit_minimind.data.tokenizer import load_tokenizer
     from lit_minimind.model import MiniMindConfig, MiniMindForCausalLM
-    from lit_minimind.module import minimind_lr
-    from lit_minimind.sampler import SkipBatchSampler, epoch_permutation
-    from lit_minimind.tokenizer import load_tokenizer
+    from lit_minimind.model.module import minimind_lr
 
     if precision not in ("32-true", "bf16-mixed"):
         raise ValueError(f"plain_run: precision {precision!r} (32-true or bf16-mixed)")
@@ -271,8 +271,8 @@ def lightning_run(cfg: Config, data: Path, tok: Path, workdir: Path, timers: Tim
     from lightning.pytorch.callbacks import Callback
 
     from callbacks import MiniMindConsole, ResumeCallback
-    from lit_minimind.datamodule import MiniMindDataModule
-    from lit_minimind.module import LitMiniMind
+    from lit_minimind.data.datamodule import MiniMindDataModule
+    from lit_minimind.model.module import LitMiniMind
 
     class BatchClock(Callback):  # first in the list: the save where training stops (max_steps, in the last
         # batch's on_train_batch_end) comes after the last stamp, outside the timed window; between two

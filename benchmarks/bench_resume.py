@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import (
-    ROOT,
     RESULTS_DIR,
-    bench_parser,
+    ROOT,
     alternating,
+    bench_parser,
     cache_dir,
     default_data,
     environment,
@@ -98,8 +98,8 @@ def make_checkpoint(directory: Path, step: int) -> Path:
     """A MiniMind-format resume checkpoint at batch ``step`` of epoch 0 (model + AdamW after one step)."""
     import torch
 
-    from lit_minimind.checkpoint import save_resume_checkpoint
     from lit_minimind.model import MiniMindConfig, MiniMindForCausalLM
+    from lit_minimind.resume.library import save_resume_checkpoint
 
     torch.manual_seed(0)
     model = MiniMindForCausalLM(MiniMindConfig(**MODEL))

@@ -107,7 +107,7 @@ def testzip(path: Path) -> None:
 
 
 def verify(path: Path) -> None:
-    from lit_minimind.verify import verify_file
+    from lit_minimind.checkpoint.verify import verify_file
 
     verify_file(path)
 
@@ -216,7 +216,7 @@ def plot(payload: dict[str, Any], path: Path) -> Path:
 
 def run(quick: bool = False, results_dir: Path = RESULTS_DIR, reps: int | None = None,
         threads: int | None = None) -> dict[str, Any]:
-    from lit_minimind.verify import CHUNK_SIZE
+    from lit_minimind.checkpoint.verify import CHUNK_SIZE
 
     threads = set_threads(threads)
     reps = reps or (2 if quick else 5)

@@ -42,8 +42,8 @@ def rel(path: Path | str) -> str:
 
 def default_data() -> tuple[Path, Path]:
     """``(jsonl, tokenizer_dir)`` of the embedded default (pydoc corpus + project BPE), built once."""
-    from lit_minimind.corpus import write_embedded_corpus
-    from lit_minimind.tokenizer import build_default_tokenizer
+    from lit_minimind.data.corpus import write_embedded_corpus
+    from lit_minimind.data.tokenizer import build_default_tokenizer
 
     cache = cache_dir()
     return write_embedded_corpus(cache), build_default_tokenizer(cache)

@@ -77,8 +77,8 @@ def lightning_side(stamps: Stamps, cfg: Any, data: Path, tok: Path) -> None:
     from lightning.pytorch.callbacks import Callback
 
     from callbacks import MiniMindConsole, ResumeCallback
-    from lit_minimind.datamodule import MiniMindDataModule
-    from lit_minimind.module import LitMiniMind
+    from lit_minimind.data.datamodule import MiniMindDataModule
+    from lit_minimind.model.module import LitMiniMind
 
     mark = stamps.mark
 

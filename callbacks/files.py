@@ -7,16 +7,11 @@ from pathlib import Path
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
-from lit_minimind.checkpoint import (
-    CheckpointError,
-    atomic_link,
-    atomic_save,
-    minimind_file_names,
-    read_manifest,
-    verify_manifest,
-    verify_checkpoint,
-)
-from lit_minimind.lightning_io import SafeCheckpointIO
+from lit_minimind.checkpoint.atomic import atomic_link, atomic_save, read_manifest
+from lit_minimind.checkpoint.names import minimind_file_names
+from lit_minimind.checkpoint.read import verify_checkpoint, verify_manifest
+from lit_minimind.errors import CheckpointError
+from lit_minimind.resume.io import SafeCheckpointIO
 
 
 class CheckpointFiles:

@@ -2,7 +2,7 @@
 
 Composed of small units, each with one job: :class:`callbacks.schedule.SaveSchedule` (when),
 :class:`callbacks.files.CheckpointFiles` (names, retention, MiniMind's files),
-:mod:`lit_minimind.minimind_format` (MiniMind's keys), :data:`callbacks.preemption.STOP` (signals),
+:mod:`lit_minimind.checkpoint.weights` (MiniMind's keys), :data:`callbacks.preemption.STOP` (signals),
 :mod:`callbacks.wandb_run` (the logger's run). Lightning keeps the rest: the data position in the
 DataModule's ``state_dict``, loop counters, optimizer, scaler, this callback's ``state_dict``.
 """
@@ -22,14 +22,15 @@ from callbacks.files import CheckpointFiles
 from callbacks.preemption import STOP
 from callbacks.schedule import SaveSchedule
 from callbacks.wandb_run import describe_wandb_run, resume_record, wandb_run_id
-from lit_minimind.checkpoint import CheckpointError, checkpoint_stem, library_versions, unwrap_model
-from lit_minimind.lightning_io import SafeCheckpointIO, loops_at, set_rng_state
-from lit_minimind.minimind_format import add_minimind_keys, fp16_weights
-from lit_minimind.position import optimizer_steps, window_complete
-from lit_minimind.rank_state import gather_rank_states
-
-FORMAT_VERSION = 2
-TRAINING_STATE_KEY = "lit_minimind"  # RNG and partial gradients, per rank
+from lit_minimind.checkpoint.names import CALLBACK_FORMAT_VERSION, RESUME_STATE_KEY, TRAINING_STATE_KEY, checkpoint_stem
+from lit_minimind.checkpoint.weights import add_minimind_keys, fp16_weights, unwrap_model
+from lit_minimind.errors import CheckpointError
+from lit_minimind.resume.io import SafeCheckpointIO
+from lit_minimind.resume.library import library_versions
+from lit_minimind.resume.loop_state import loops_at
+from lit_minimind.resume.position import optimizer_steps, window_complete, world_size_change
+from lit_minimind.resume.rank_state import gather_rank_states
+from lit_minimind.resume.rng import set_rng_state
 
 
 class ResumeCallback(Checkpoint):
@@ -94,7 +95,7 @@ class ResumeCallback(Checkpoint):
 
     @property
     def state_key(self) -> str:
-        return "ResumeCallback"
+        return RESUME_STATE_KEY
 
     def stem(self, pl_module: L.LightningModule) -> str:
         cfg = unwrap_model(pl_module).config
@@ -103,7 +104,7 @@ class ResumeCallback(Checkpoint):
     # ------------------------------------------------------------------ state (Lightning saves and restores it)
     def state_dict(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "wandb_id": self.wandb_id, "best_val_loss": self.best_val_loss,
-                "resume_records": dict(self.resume_records), "format": FORMAT_VERSION, "versions": library_versions()}
+                "resume_records": dict(self.resume_records), "format": CALLBACK_FORMAT_VERSION, "versions": library_versions()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.run_id = state_dict.get("run_id") or self.run_id
@@ -135,8 +136,9 @@ class ResumeCallback(Checkpoint):
         if position is None or saved is None:
             return  # a Lightning checkpoint written without our DataModule: Lightning restores what it can
         saved_world, world = int(saved.get("world_size") or 1), trainer.world_size
-        if saved_world != world:
-            rank_zero_info(f"world size changed ({saved_world}→{world}): step {saved['step']} → {position.step}")
+        change = world_size_change(int(saved["step"]), saved_world, world, position.step)
+        if change:
+            rank_zero_info(change)
         translated = saved_world != world or position.step != int(saved["step"])
         accumulate = trainer.accumulate_grad_batches
         if checkpoint.get("loops") is None or translated:

@@ -1,17 +1,19 @@
-"""lit-minimind: MiniMind's LLM pretraining on PyTorch Lightning, with exact checkpoint/resume."""
+"""lit-minimind: MiniMind's LLM pretraining on PyTorch Lightning, with exact checkpoint/resume.
 
-__version__ = "0.1.0"
+Packages by concern (lower ones never import higher ones; ``tests/test_layers.py`` checks it):
+``errors`` -> ``checkpoint`` (the file format) -> ``resume`` (the seam with Lightning) ->
+``data``, ``model`` -> ``callbacks`` (top level) -> ``cli``.
+"""
 
-from lit_minimind.checkpoint import (  # noqa: E402
-    CheckpointError,
-    checkpoint_paths,
-    load_resume_checkpoint,
-    save_resume_checkpoint,
-)
-from lit_minimind.model import MiniMindConfig, MiniMindForCausalLM  # noqa: E402
-from lit_minimind.sampler import SkipBatchSampler  # noqa: E402
+from lit_minimind.checkpoint.names import checkpoint_paths
+from lit_minimind.data.sampler import SkipBatchSampler
+from lit_minimind.errors import CheckpointError
+from lit_minimind.model import MiniMindConfig, MiniMindForCausalLM
+from lit_minimind.resume.library import load_resume_checkpoint, save_resume_checkpoint
+from lit_minimind.version import __version__
 
 __all__ = [
+    "__version__",
     "MiniMindConfig",
     "MiniMindForCausalLM",
     "SkipBatchSampler",

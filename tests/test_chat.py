@@ -13,11 +13,11 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from lit_minimind import generate
-from lit_minimind.chat_template import render_chat
-from lit_minimind.checkpoint import fp16_state_dict
+from lit_minimind.checkpoint.weights import fp16_state_dict
+from lit_minimind.cli import generate
+from lit_minimind.data.chat_template import render_chat
+from lit_minimind.data.tokenizer import EOS_ID, load_tokenizer
 from lit_minimind.model import MiniMindConfig, MiniMindForCausalLM
-from lit_minimind.tokenizer import EOS_ID, load_tokenizer
 
 TOKENIZER = Path(__file__).resolve().parents[1].parent / "shared" / "minimind" / "tokenizer"
 

@@ -9,9 +9,11 @@ import pytest
 import torch
 
 from lit_minimind import SkipBatchSampler, checkpoint_paths, load_resume_checkpoint, save_resume_checkpoint
-from lit_minimind.checkpoint import CheckpointError, manifest_path, read_checkpoint
+from lit_minimind.checkpoint.names import manifest_path
+from lit_minimind.checkpoint.read import read_checkpoint
+from lit_minimind.data.sampler import EpochShardSampler, ResumableBatchSampler, epoch_permutation
+from lit_minimind.errors import CheckpointError
 from lit_minimind.model import MiniMindConfig, MiniMindForCausalLM
-from lit_minimind.sampler import EpochShardSampler, ResumableBatchSampler, epoch_permutation
 
 
 def test_checkpoint_paths_follow_minimind_naming() -> None:
@@ -141,7 +143,7 @@ def test_read_checkpoint_explains_bad_files(tmp_path: Path) -> None:
 
 def test_manifest_accepts_the_file_it_replaces_until_the_rename(tmp_path: Path) -> None:
     """A kill between writing the manifest and renaming the data leaves the old file: still valid."""
-    from lit_minimind.checkpoint import atomic_save
+    from lit_minimind.checkpoint.atomic import atomic_save
 
     path = tmp_path / "x.pth"
     atomic_save({"v": torch.zeros(10)}, path)

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import cli_env, need_shared, run_cli, tiny_args
 
 pytestmark = pytest.mark.slow  # torch.compile on CPU takes a minute per process: `make test-slow`

@@ -1,4 +1,4 @@
-"""Tests for lit_minimind.dataset.PretrainDataset."""
+"""Tests for lit_minimind.data.dataset.PretrainDataset."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import torch
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
 
-from lit_minimind.dataset import PretrainDataset
+from lit_minimind.data.dataset import PretrainDataset
+from lit_minimind.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, encode, load_tokenizer
 from lit_minimind.errors import DataError
-from lit_minimind.tokenizer import BOS_ID, EOS_ID, PAD_ID, encode, load_tokenizer
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "minimind"
 MINIMIND_TOKENIZER = SHARED / "tokenizer"

@@ -5,9 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-
 from conftest import TINY_JSONL, cli_env, need_shared, run_cli, tiny_args
-
 
 
 def load_out(run_dir: Path) -> dict:
@@ -77,7 +75,8 @@ def test_each_rank_validates_its_share_of_the_validation_split() -> None:
     from types import SimpleNamespace
 
     from conftest import TOKENIZER
-    from lit_minimind.datamodule import MiniMindDataModule
+
+    from lit_minimind.data.datamodule import MiniMindDataModule
 
     dm = MiniMindDataModule(data_path=str(TINY_JSONL), tokenizer_path=str(TOKENIZER), max_seq_len=64, batch_size=2,
                             val_fraction=0.25)

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import cli_env, need_shared, run_cli, tiny_args
 
 FILES = {"checkpoint": ".ckpt", "resume_link": "_resume.pth", "export": "pretrain_64.pth"}

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import ROOT, cli_env, need_shared, run_cli, tiny_args
 
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import MINIMIND, cli_env, need_shared, run_cli, tiny_args
 
 
@@ -67,7 +66,7 @@ def test_inspect_reports_a_bad_file(tmp_path: Path) -> None:
 
 
 def summarize(path: Path) -> dict:
-    from lit_minimind.inspect import summarize as summarize_
+    from lit_minimind.cli.inspect import summarize as summarize_
 
     return json.loads(json.dumps(summarize_(path), default=str))
 
@@ -137,7 +136,7 @@ def test_inspect_catches_a_flipped_byte_without_a_manifest(tmp_path: Path) -> No
 def test_inspect_shows_the_scaler_of_any_precision_plugin(tmp_path: Path) -> None:
     from lightning.pytorch.plugins import MixedPrecision
 
-    from lit_minimind.precision import CPUFloat16Mixed
+    from lit_minimind.model.precision import CPUFloat16Mixed
 
     weights = {"model.head.weight": torch.zeros(8, 4)}
     plugins = (CPUFloat16Mixed(init_scale=1024.0),

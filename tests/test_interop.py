@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import MINIMIND, need_shared, run_cli, tiny_args
 
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import TINY_JSONL, cli_env, need_shared, run_cli, tiny_args
 
 COMMITS_PER_SAVE = 3  # the checkpoint, MiniMind's _resume.pth link, the fp16 export

@@ -10,11 +10,11 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+from conftest import cli_env, need_shared, run_cli, tiny_args
 from lightning.pytorch.loggers import CSVLogger
+from wandb_files import run_summary
 
 from callbacks.console import MiniMindConsole, continue_metrics_csv
-from conftest import cli_env, need_shared, run_cli, tiny_args
-from wandb_files import run_summary
 
 KEYS = ("loss", "logits_loss", "aux_loss", "learning_rate")
 BOTH_LOGGERS = """\

@@ -10,7 +10,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-
 from conftest import MINIMIND, TINY_JSONL, TOKENIZER, cli_env, need_shared, run_cli, tiny_args
 
 RUNS = json.loads((MINIMIND / "original_run" / "runs.json").read_text()) if MINIMIND.exists() else {}
@@ -115,7 +114,7 @@ BAD = {  # id: (flags, what the error line must contain)
 AS_COMMAND = ["unknown_flag", "minimind_batch_size", "from_weight_missing"]
 DRIVER = r"""
 import contextlib, io, json, sys, traceback
-from lit_minimind.fit import main
+from lit_minimind.cli.fit import main
 results = {}
 for name, argv in json.loads(sys.argv[1]).items():
     out, err = io.StringIO(), io.StringIO()

@@ -253,7 +253,7 @@ def test_generate_sampling_runs() -> None:
 
 def test_ddp_does_not_broadcast_the_rope_tables() -> None:
     """MiniMind's ``_ddp_params_and_buffers_to_ignore``: DDP would otherwise re-send them every window."""
-    from lit_minimind.module import LitMiniMind
+    from lit_minimind.model.module import LitMiniMind
 
     module = LitMiniMind(hidden_size=64, num_hidden_layers=2)
     buffers = dict(module.named_buffers())

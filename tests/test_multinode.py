@@ -22,9 +22,9 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from conftest import LINE_RE, cli_env, need_shared, run_cli, tiny_args
 
 from callbacks.files import resolve_last
-from conftest import LINE_RE, cli_env, need_shared, run_cli, tiny_args
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 ADVICE = "Restart every node with the same command plus --ckpt_path last"

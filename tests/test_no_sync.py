@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import need_shared, run_cli, tiny_args
 
 

@@ -10,7 +10,6 @@ import warnings
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
 
 nbformat = pytest.importorskip("nbformat")

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import need_shared, run_cli, tiny_args
 
-FP16 = ["--trainer.plugins", "lit_minimind.precision.CPUFloat16Mixed"]
+FP16 = ["--trainer.plugins", "lit_minimind.model.precision.CPUFloat16Mixed"]
 MOVING_SCALE = FP16 + ["--trainer.plugins.init_scale", "1e12"]  # overflows: the scaler backs off every step
 
 
@@ -27,7 +26,7 @@ def test_deterministic_kernels_are_on_by_default(tmp_path: Path, monkeypatch: py
     run = run_cli(tmp_path, tiny_args(epochs=1) + ["--trainer.max_steps", "1", "--print_config"])
     assert run.returncode == 0, run.stderr[-2000:]
     assert "deterministic: warn" in run.stdout
-    from lit_minimind.fit import main
+    from lit_minimind.cli.fit import main
 
     assert main(tiny_args(epochs=1) + ["--trainer.max_steps", "1", "--resume.ckpt_dir", str(tmp_path / "c"),
                                        "--resume.out_dir", str(tmp_path / "o"), "--trainer.logger", "false"]) == 0

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import LINE_RE, Run, cli_env, need_shared, run_cli, tiny_args
 
 

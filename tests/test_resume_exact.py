@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import cli_env, need_shared, run_cli, tiny_args
 
 SCENARIOS = {
@@ -16,7 +15,7 @@ SCENARIOS = {
     "accumulate": ([], False),
     "moe": ([], True),
     "workers": (["--data.num_workers", "2"], False),
-    "fp16_scaler": (["--trainer.plugins", "lit_minimind.precision.CPUFloat16Mixed"], False),
+    "fp16_scaler": (["--trainer.plugins", "lit_minimind.model.precision.CPUFloat16Mixed"], False),
 }
 
 

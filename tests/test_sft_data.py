@@ -11,14 +11,14 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from lit_minimind.chat_template import MINIMIND_CHAT_TEMPLATE, load_chat_template, render_chat
-from lit_minimind.corpus import embedded_conversations, write_embedded_sft_corpus
-from lit_minimind.datamodule import MiniMindDataModule
-from lit_minimind.dataset import PretrainDataset, detect_kind
+from lit_minimind.data.chat_template import MINIMIND_CHAT_TEMPLATE, load_chat_template, render_chat
+from lit_minimind.data.corpus import embedded_conversations, write_embedded_sft_corpus
+from lit_minimind.data.datamodule import MiniMindDataModule
+from lit_minimind.data.dataset import PretrainDataset, detect_kind
+from lit_minimind.data.sampler import EpochShardSampler
+from lit_minimind.data.sft import EMPTY_THINK, SYSTEM_PROMPTS, SFTDataset
+from lit_minimind.data.tokenizer import load_tokenizer
 from lit_minimind.errors import DataError
-from lit_minimind.sampler import EpochShardSampler
-from lit_minimind.sft import EMPTY_THINK, SYSTEM_PROMPTS, SFTDataset
-from lit_minimind.tokenizer import load_tokenizer
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "minimind"
 TOKENIZER = SHARED / "tokenizer"

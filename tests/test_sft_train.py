@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import MINIMIND, TOKENIZER, cli_env, need_shared, run_cli
 from test_resume_exact import assert_same_tensors, run_until_done
 
@@ -129,9 +128,9 @@ def test_kill_anywhere_on_sft_data_with_augmentation(tmp_path: Path, workers: in
 def test_default_ratios_augment_samples_in_both_epochs() -> None:
     """The kill test above is only meaningful if the augmentation changes samples in each epoch."""
     need_shared()
-    from lit_minimind.chat_template import load_chat_template
-    from lit_minimind.sft import SFTDataset
-    from lit_minimind.tokenizer import load_tokenizer
+    from lit_minimind.data.chat_template import load_chat_template
+    from lit_minimind.data.sft import SFTDataset
+    from lit_minimind.data.tokenizer import load_tokenizer
 
     tokenizer, template = load_tokenizer(TOKENIZER), load_chat_template(TOKENIZER)
     plain = SFTDataset(SFT_JSONL, tokenizer, 128, template, add_system_ratio=0, empty_think_ratio=0)
@@ -154,10 +153,11 @@ def test_default_ratios_augment_samples_in_both_epochs() -> None:
 def test_weight_name_defaults_to_full_sft_on_sft_data(extra: list[str], weight: str) -> None:
     need_shared()
     from conftest import TINY_JSONL
-    from lit_minimind.fit import DEFAULT_CONFIG, MiniMindCLI, ResumeCallback
-    from lit_minimind.datamodule import MiniMindDataModule
-    from lit_minimind.minimind_flags import translate
-    from lit_minimind.module import LitMiniMind
+
+    from lit_minimind.cli.fit import DEFAULT_CONFIG, MiniMindCLI, ResumeCallback
+    from lit_minimind.cli.flags import translate
+    from lit_minimind.data.datamodule import MiniMindDataModule
+    from lit_minimind.model.module import LitMiniMind
 
     extra = [{"SFT": str(SFT_JSONL), "TINY": str(TINY_JSONL)}.get(a, a) for a in extra]
     args = translate(["--data.tokenizer_path", str(TOKENIZER), "--trainer.logger", "false", *extra]).args

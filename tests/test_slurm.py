@@ -16,10 +16,10 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
+from conftest import LINE_RE, Run, cli_env, need_shared, run_cli, tiny_args
 from lightning.fabric.plugins.environments import SLURMEnvironment
 
 from callbacks.preemption import STOP, cluster_plugins, slurm_job_id, under_slurm
-from conftest import LINE_RE, Run, cli_env, need_shared, run_cli, tiny_args
 
 JOB_ID = "4242"
 SLURM = {"SLURM_JOB_ID": JOB_ID, "SLURM_JOB_NAME": "train", "SLURM_NTASKS": "1", "SLURM_NTASKS_PER_NODE": "1",
@@ -181,7 +181,7 @@ def test_the_cli_gives_lightning_a_slurm_environment_without_auto_requeue(monkey
     seen = {}
     monkeypatch.setattr(pl.Trainer, "fit", lambda self, *a, **k: seen.setdefault(
         "env", self._accelerator_connector.cluster_environment))
-    from lit_minimind.fit import main
+    from lit_minimind.cli.fit import main
 
     try:
         assert main(tiny_args(epochs=1)) == 0

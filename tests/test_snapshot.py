@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from lit_minimind.lightning_io import Snapshot
+from lit_minimind.resume.io import Snapshot
 
 
 def test_snapshot_is_a_copy_that_keeps_shared_tensors_shared() -> None:

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import need_shared, run_cli, tiny_args
 
 # before restore and after it (before Lightning's handlers) behave like restore itself: `make test-slow`

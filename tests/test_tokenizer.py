@@ -1,4 +1,4 @@
-"""Tests for lit_minimind.tokenizer and lit_minimind.corpus."""
+"""Tests for lit_minimind.data.tokenizer and lit_minimind.data.corpus."""
 
 from __future__ import annotations
 
@@ -9,10 +9,9 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from lit_minimind.corpus import embedded_texts, write_embedded_corpus
-from lit_minimind.dataset import PretrainDataset
-from lit_minimind.errors import DataError
-from lit_minimind.tokenizer import (
+from lit_minimind.data.corpus import embedded_texts, write_embedded_corpus
+from lit_minimind.data.dataset import PretrainDataset
+from lit_minimind.data.tokenizer import (
     BOS_ID,
     EOS_ID,
     PAD_ID,
@@ -22,6 +21,7 @@ from lit_minimind.tokenizer import (
     encode,
     load_tokenizer,
 )
+from lit_minimind.errors import DataError
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 MINIMIND_TOKENIZER = SHARED / "minimind" / "tokenizer"

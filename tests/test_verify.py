@@ -1,4 +1,4 @@
-"""``lit_minimind.verify.verify_file``: any changed byte of a ``torch.save`` file is caught, no manifest needed.
+"""``lit_minimind.checkpoint.verify.verify_file``: any changed byte of a ``torch.save`` file is caught, no manifest needed.
 
 The exhaustive tests change every byte of small files (a state dict; a Lightning-like checkpoint
 with optimizer state, a GradScaler, python values and an empty tensor) and cut them at every
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import MINIMIND, need_shared
-from lit_minimind.checkpoint import CheckpointError
-from lit_minimind.verify import NotACheckpoint, NotATorchZip, UnverifiableCheckpoint, verify_file
+
+from lit_minimind.checkpoint.verify import verify_file
+from lit_minimind.errors import CheckpointError, NotACheckpoint, NotATorchZip, UnverifiableCheckpoint
 
 
 def state_dict_obj() -> dict:
@@ -162,7 +162,7 @@ def test_appended_bytes_are_named(saved: Path) -> None:
 def test_corrupted_record_is_named(tmp_path: Path) -> None:
     path = tmp_path / "w.pth"
     torch.save(state_dict_obj(), path)
-    info = zipfile.ZipFile(path).getinfo(f"w/data/0")
+    info = zipfile.ZipFile(path).getinfo("w/data/0")
     data = bytearray(path.read_bytes())
     data[info.header_offset + 64 + 3] ^= 1  # headers of torch's records end on a 64-byte boundary
     path.write_bytes(bytes(data))

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-
 from conftest import MINIMIND, ROOT, cli_env, need_shared, run_cli, tiny_args
 from wandb_files import run_summary
 

@@ -44,7 +44,7 @@ import struct
 import zlib
 from pathlib import Path
 
-from lit_minimind.checkpoint import CheckpointError
+from lit_minimind.errors import CheckpointError, NotACheckpoint, NotATorchZip, UnverifiableCheckpoint
 
 __all__ = ["NotACheckpoint", "NotATorchZip", "UnverifiableCheckpoint", "verify_file"]
 
@@ -64,22 +64,6 @@ LOCAL_SIG, CENTRAL_SIG, DESCRIPTOR_SIG = b"PK\x03\x04", b"PK\x01\x02", b"PK\x07\
 END_SIG, END64_SIG, LOCATOR64_SIG = b"PK\x05\x06", b"PK\x06\x06", b"PK\x06\x07"
 FLAG_DESCRIPTOR, FLAG_UTF8 = 0x0008, 0x0800
 LEGACY_MAGIC = b"\x8a\x0a" + (0x1950A86A20F9469CFC6C).to_bytes(10, "little")  # torch's pre-1.6 format
-
-
-class NotACheckpoint(CheckpointError):
-    """The file is no checkpoint at all (JSON, text, another kind of binary or zip)."""
-
-
-class UnverifiableCheckpoint(CheckpointError):
-    """A file ``torch.load`` may read but whose integrity cannot be checked: it has no checksums."""
-
-
-class NotATorchZip(UnverifiableCheckpoint):
-    """A pickle stream: torch's legacy pre-1.6 format (``legacy``), or a plain pickle. Not a zip, no checksums."""
-
-    def __init__(self, message: str, legacy: bool = False) -> None:
-        super().__init__(message)
-        self.legacy = legacy
 
 
 class _Entry:

@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from lit_minimind.cli.flags import unknown_flag_message
 from lit_minimind.errors import UsageError
-from lit_minimind.minimind_flags import unknown_flag_message
 
 # (key, comparison, bound): the value must satisfy it (None = unset is fine)
 BOUNDS: list[tuple[str, str, float]] = [

@@ -10,9 +10,9 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
-from lit_minimind.checkpoint import CheckpointError
-from lit_minimind.position import DataPosition, PositionError, position_here
-from lit_minimind.sampler import MINIMIND_SEED, EpochShardSampler, ResumableBatchSampler
+from lit_minimind.data.sampler import MINIMIND_SEED, EpochShardSampler, ResumableBatchSampler
+from lit_minimind.errors import CheckpointError, PositionError
+from lit_minimind.resume.position import DataPosition, position_here
 
 
 class ResumableDataLoader(DataLoader):
@@ -31,10 +31,10 @@ class MiniMindDataModule(L.LightningDataModule):
 
     Args:
         data_path: MiniMind jsonl: pretraining (one ``{"text": ...}`` per line) or SFT (one
-            ``{"conversations": [...]}`` per line, see :mod:`lit_minimind.sft`). Default: a corpus
+            ``{"conversations": [...]}`` per line, see :mod:`lit_minimind.data.sft`). Default: a corpus
             built at run time from the documentation every Python ships (``pydoc_data``): plain
             text, or with ``kind: sft`` a small chat corpus derived from it
-            (:func:`lit_minimind.corpus.embedded_conversations`).
+            (:func:`lit_minimind.data.corpus.embedded_conversations`).
         tokenizer_path: directory holding ``tokenizer.json`` (e.g. MiniMind's ``model/``).
             Default: a byte-level BPE (vocab 6400) trained on the embedded corpus, cached.
         max_seq_len: tokens per sample, bos and eos included (MiniMind's ``max_seq_len``).
@@ -54,7 +54,7 @@ class MiniMindDataModule(L.LightningDataModule):
             ``<think>\\n\\n</think>\\n\\n`` blocks (MiniMind: 0.2; 0 always drops them, 1 always
             keeps them). Both augmentations draw from a generator seeded by (42, epoch, sample
             index), so a resumed run sees the same samples; the epoch is the sampler's once
-            :meth:`lit_minimind.sft.SFTDataset.follow_epoch` links them, else 0.
+            :meth:`lit_minimind.data.sft.SFTDataset.follow_epoch` links them, else 0.
     """
 
     def __init__(
@@ -98,8 +98,8 @@ class MiniMindDataModule(L.LightningDataModule):
 
     def resolved_paths(self) -> tuple[Path, Path]:
         """``(data_path, tokenizer_dir)``, building the embedded defaults when unset."""
-        from lit_minimind.corpus import write_embedded_corpus
-        from lit_minimind.tokenizer import build_default_tokenizer, default_cache_dir
+        from lit_minimind.data.corpus import write_embedded_corpus
+        from lit_minimind.data.tokenizer import build_default_tokenizer, default_cache_dir
 
         cache = Path(self.cache_dir) if self.cache_dir else default_cache_dir()
         data = Path(self.data_path) if self.data_path else write_embedded_corpus(cache)
@@ -112,19 +112,19 @@ class MiniMindDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.train_dataset is not None:
             return
-        from lit_minimind.dataset import PretrainDataset, detect_kind
-        from lit_minimind.tokenizer import default_cache_dir, load_tokenizer
+        from lit_minimind.data.dataset import PretrainDataset, detect_kind
+        from lit_minimind.data.tokenizer import default_cache_dir, load_tokenizer
 
         data, tok = self.resolved_paths()
         if self.kind == "sft" and not self.data_path:  # the embedded chat corpus
-            from lit_minimind.corpus import write_embedded_sft_corpus
+            from lit_minimind.data.corpus import write_embedded_sft_corpus
 
             data = write_embedded_sft_corpus(Path(self.cache_dir) if self.cache_dir else default_cache_dir())
         self.data_kind = detect_kind(data) if self.kind == "auto" else self.kind
         self.tokenizer = load_tokenizer(tok)
         if self.data_kind == "sft":
-            from lit_minimind.chat_template import load_chat_template
-            from lit_minimind.sft import SFTDataset
+            from lit_minimind.data.chat_template import load_chat_template
+            from lit_minimind.data.sft import SFTDataset
 
             full = SFTDataset(data, self.tokenizer, max_length=self.max_seq_len, chat_template=load_chat_template(tok),
                               add_system_ratio=self.add_system_ratio, empty_think_ratio=self.empty_think_ratio)

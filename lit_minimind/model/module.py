@@ -10,9 +10,10 @@ from typing import Any
 import lightning as L
 import torch
 
-from lit_minimind.checkpoint import CheckpointError, config_mismatches, shape_config
+from lit_minimind.checkpoint.weights import config_mismatches, shape_config
+from lit_minimind.data.sampler import MINIMIND_SEED
+from lit_minimind.errors import CheckpointError
 from lit_minimind.model import MiniMindConfig, MiniMindForCausalLM
-from lit_minimind.sampler import MINIMIND_SEED
 
 
 def minimind_lr(step: int, total_steps: int, learning_rate: float, warmup_steps: int = 0) -> float:

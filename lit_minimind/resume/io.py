@@ -1,18 +1,11 @@
-"""Lightning's side of checkpoints: the storage plugin, and loop state for foreign positions.
-
-* :class:`SafeCheckpointIO` - Lightning's ``CheckpointIO`` plugin (``Trainer(plugins=[...])``):
-  every write atomic and checksummed (:func:`lit_minimind.checkpoint.atomic_save`), every read
-  ``weights_only`` and verified; it also reads original MiniMind ``_resume.pth`` files, converted
-  by :func:`lit_minimind.minimind_format.to_lightning`.
-* :func:`loops_at` - loop counters for a position Lightning did not save itself. Lightning has
-  no API to set a loop position, so this is written against the counters Lightning 2.5/2.6 save.
-* :func:`rng_state` / :func:`set_rng_state` - every RNG a training step draws from.
+"""Lightning's ``CheckpointIO`` plugin (``Trainer(plugins=[...])``): every write atomic and checksummed
+(:func:`lit_minimind.checkpoint.atomic_save`), optionally in a background thread from a snapshot; every
+read ``weights_only`` and verified; original MiniMind ``_resume.pth`` files read too, converted by
+:func:`lit_minimind.checkpoint.weights.to_lightning`.
 """
 
 from __future__ import annotations
 
-import copy
-import math
 import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -21,61 +14,10 @@ from typing import Any
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 
-from lit_minimind.checkpoint import CheckpointError, atomic_save, checkpoint_kind, manifest_path, read_checkpoint
-from lit_minimind.position import DataPosition
-
-MANIFEST_FIELDS = ("epoch", "step", "world_size", "global_step", "wandb_id")
-
-
-def fit_loop_state_at(template: dict[str, Any], position: DataPosition, accumulate: int, global_step: int) -> dict[str, Any]:
-    """Fit-loop state as Lightning saves it after ``position`` (at least one batch trained).
-
-    Inside an epoch: the state of a save in ``on_train_batch_end`` of batch ``position.step``; a
-    complete epoch: the state of a save in ``on_train_epoch_end``. ``template`` is a fresh
-    ``trainer.fit_loop.state_dict()``, ``global_step`` the optimizer steps taken so far.
-    ``tests/test_loop_state.py`` checks both against states Lightning saved itself.
-    """
-    epoch, step, iters = position.epoch, position.step, position.iters
-    if step < 1:
-        raise ValueError("fit_loop_state_at needs a position after at least one batch")
-    state = copy.deepcopy(template)
-    end = position.epoch_complete
-    stepped = step % accumulate == 0 or step == iters
-    steps_in_epoch = step // accumulate + (1 if step == iters and step % accumulate else 0)
-    windows_in_epoch = math.ceil(step / accumulate)
-    windows_before = epoch * math.ceil(iters / accumulate)
-
-    def batches(total: int) -> dict[str, int]:
-        return {"ready": total, "completed": total if end else total - 1, "started": total, "processed": total}
-
-    state["epoch_loop.state_dict"] = {"_batches_that_stepped": global_step - (1 if stepped and not end else 0)}
-    state["epoch_loop.batch_progress"] = {
-        "total": batches(epoch * iters + step), "current": batches(step), "is_last_batch": step == iters,
-    }
-    optim = state["epoch_loop.automatic_optimization.optim_progress"]["optimizer"]
-    optim["step"] = {
-        "total": {"ready": global_step, "completed": global_step},
-        "current": {"ready": steps_in_epoch, "completed": steps_in_epoch},
-    }
-    zg_total, zg_current = windows_before + windows_in_epoch, windows_in_epoch
-    optim["zero_grad"] = {
-        "total": {"ready": zg_total, "completed": zg_total, "started": zg_total},
-        "current": {"ready": zg_current, "completed": zg_current, "started": zg_current},
-    }
-    epochs = {"ready": epoch + 1, "completed": epoch, "started": epoch + 1, "processed": epoch + (1 if end else 0)}
-    state["epoch_progress"] = {"total": dict(epochs), "current": dict(epochs)}
-    return state
-
-
-def loops_at(template: dict[str, Any], position: DataPosition, accumulate: int, global_step: int) -> dict[str, Any] | None:
-    """``checkpoint["loops"]`` for a position Lightning did not save itself (a MiniMind file, a changed
-    world size): the one place where loop counters are built by hand. ``None`` before any batch."""
-    if position.step >= 1:
-        return {"fit_loop": fit_loop_state_at(template, position, accumulate, global_step)}
-    if position.epoch > 0:  # nothing trained yet in this epoch: the previous one is complete
-        previous = DataPosition(position.epoch - 1, position.iters, position.iters)
-        return {"fit_loop": fit_loop_state_at(template, previous, accumulate, global_step)}
-    return None
+from lit_minimind.checkpoint.atomic import atomic_save
+from lit_minimind.checkpoint.names import MANIFEST_FIELDS, RESUME_STATE_KEY, manifest_path
+from lit_minimind.checkpoint.read import checkpoint_kind, read_checkpoint
+from lit_minimind.errors import CheckpointError
 
 
 class Snapshot:
@@ -128,7 +70,6 @@ class Snapshot:
         self._used.append(buffer)
         return buffer
 
-
 class SafeCheckpointIO(TorchCheckpointIO):
     """Lightning checkpoint storage: atomic, checksummed writes; ``weights_only``, verified reads;
     original MiniMind resume files converted on load.
@@ -151,7 +92,7 @@ class SafeCheckpointIO(TorchCheckpointIO):
         """Atomic write; an OSError is kept for :meth:`take_error` instead of raised, so that rank 0
         still reaches Lightning's barrier and the failure can stop every rank together."""
         meta = {k: checkpoint[k] for k in MANIFEST_FIELDS if k in checkpoint}
-        meta["run_id"] = (checkpoint.get("callbacks") or {}).get("ResumeCallback", {}).get("run_id")
+        meta["run_id"] = (checkpoint.get("callbacks") or {}).get(RESUME_STATE_KEY, {}).get("run_id")
         if self.async_writes:
             self.wait()  # the previous snapshot's buffers are reused: it must be on disk
             checkpoint = self._snapshot(checkpoint)
@@ -200,7 +141,7 @@ class SafeCheckpointIO(TorchCheckpointIO):
         self.wait()
 
     def load_checkpoint(self, path: Any, map_location: Any | None = None, weights_only: bool | None = None) -> dict[str, Any]:
-        from lit_minimind.minimind_format import to_lightning
+        from lit_minimind.checkpoint.weights import to_lightning
 
         ckpt = read_checkpoint(path, map_location or "cpu")
         kind = checkpoint_kind(ckpt)
@@ -221,37 +162,3 @@ class SafeCheckpointIO(TorchCheckpointIO):
                 os.remove(p)
             except FileNotFoundError:
                 pass
-
-
-def rng_state() -> dict[str, Any]:
-    """Every RNG a training step may draw from, as plain tensors (loadable with ``weights_only``)."""
-    import random
-
-    import numpy as np
-
-    np_state = np.random.get_state()
-    state: dict[str, Any] = {
-        "torch": torch.get_rng_state(),
-        "python": random.getstate(),
-        "numpy": (np_state[0], torch.from_numpy(np_state[1].astype("int64")), *np_state[2:]),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    import random
-
-    import numpy as np
-
-    torch.set_rng_state(state["torch"])
-    python = state["python"]
-    random.setstate((python[0], tuple(python[1]), python[2]))
-    kind, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))
-    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-__all__ = ["SafeCheckpointIO", "fit_loop_state_at", "loops_at", "rng_state", "set_rng_state"]

@@ -11,7 +11,7 @@ A sample is built as MiniMind builds it:
    :data:`SYSTEM_PROMPTS` is prepended with probability ``add_system_ratio``; tool-use records
    (any message with ``tools``) are never changed;
 2. the conversation is rendered with the tokenizer's chat template
-   (:func:`lit_minimind.chat_template.render_chat`, no generation prompt);
+   (:func:`lit_minimind.data.chat_template.render_chat`, no generation prompt);
 3. each empty thinking block ``<think>\\n\\n</think>\\n\\n`` in the text is kept with probability
    ``empty_think_ratio`` (all kept or all removed), as MiniMind's ``post_processing_chat``;
 4. the text is tokenized, cut to ``max_length`` tokens and right-padded with PAD (id 0);
@@ -42,11 +42,11 @@ import torch
 from tokenizers import Tokenizer
 from torch.utils.data import Dataset
 
-from lit_minimind.chat_template import render_chat
-from lit_minimind.dataset import IGNORE_INDEX, JsonlRecords, _json_type, check_kind
+from lit_minimind.data.chat_template import render_chat
+from lit_minimind.data.dataset import IGNORE_INDEX, JsonlRecords, _json_type, check_kind
+from lit_minimind.data.sampler import MINIMIND_SEED
+from lit_minimind.data.tokenizer import BOS_TOKEN, EOS_TOKEN, PAD_ID
 from lit_minimind.errors import DataError
-from lit_minimind.sampler import MINIMIND_SEED
-from lit_minimind.tokenizer import BOS_TOKEN, EOS_TOKEN, PAD_ID
 
 __all__ = ["SFTDataset", "SYSTEM_PROMPTS", "EMPTY_THINK", "augment", "minimind_labels", "check_sft_record"]
 
@@ -68,13 +68,13 @@ class SupportsEpoch(Protocol):
 class SFTDataset(JsonlRecords, Dataset[tuple[torch.Tensor, torch.Tensor]]):
     """MiniMind SFT samples ``(input_ids, labels)`` (int64, length ``max_length``) from a jsonl file.
 
-    Reads the file as :class:`lit_minimind.dataset.JsonlRecords` (offsets only, validated once).
+    Reads the file as :class:`lit_minimind.data.dataset.JsonlRecords` (offsets only, validated once).
 
     Args:
         data_path: jsonl of ``{"conversations": [...]}`` records.
-        tokenizer: from :func:`lit_minimind.tokenizer.load_tokenizer` (pad/bos/eos = 0/1/2).
+        tokenizer: from :func:`lit_minimind.data.tokenizer.load_tokenizer` (pad/bos/eos = 0/1/2).
         max_length: tokens per sample (MiniMind's ``max_seq_len``).
-        chat_template: Jinja source (:func:`lit_minimind.chat_template.load_chat_template`);
+        chat_template: Jinja source (:func:`lit_minimind.data.chat_template.load_chat_template`);
             default MiniMind's.
         add_system_ratio: probability of prepending a system prompt to a conversation without one.
         empty_think_ratio: probability of keeping the empty ``<think>`` blocks of a sample

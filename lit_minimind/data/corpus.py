@@ -18,7 +18,6 @@ import os
 import re
 import tempfile
 from pathlib import Path
-
 from pydoc_data.topics import topics
 
 CORPUS_FORMAT_VERSION = 1

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from lit_minimind.corpus import corpus_fingerprint, embedded_texts
+from lit_minimind.data.corpus import corpus_fingerprint, embedded_texts
 from lit_minimind.errors import DataError
 
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from lit_minimind.lightning_io import rng_state
+from lit_minimind.resume.rng import rng_state
 
 
 def trainable(module: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:

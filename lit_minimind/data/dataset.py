@@ -1,6 +1,6 @@
 """MiniMind pretraining dataset over a jsonl file, without loading it into memory.
 
-Also the jsonl reading shared with :mod:`lit_minimind.sft` (:class:`JsonlRecords`,
+Also the jsonl reading shared with :mod:`lit_minimind.data.sft` (:class:`JsonlRecords`,
 :func:`scan_jsonl`) and the data kind of a record or file (:func:`detect_kind`):
 ``{"text": ...}`` is pretraining, ``{"conversations": [...]}`` is SFT.
 """
@@ -18,8 +18,8 @@ import torch
 from tokenizers import Tokenizer
 from torch.utils.data import Dataset
 
+from lit_minimind.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, encode
 from lit_minimind.errors import DataError
-from lit_minimind.tokenizer import BOS_ID, EOS_ID, PAD_ID, encode
 
 __all__ = ["DataError", "JsonlRecords", "PretrainDataset", "IGNORE_INDEX", "detect_kind", "scan_jsonl"]
 
@@ -110,7 +110,7 @@ class PretrainDataset(JsonlRecords, Dataset[tuple[torch.Tensor, torch.Tensor]]):
     max_length-2 text tokens + [EOS]``, right-padded with PAD; ``labels`` is a
     copy of ``input_ids`` with every PAD position set to -100. The tokenizer
     must use MiniMind's special ids (pad 0, bos 1, eos 2), as
-    :func:`lit_minimind.tokenizer.load_tokenizer` checks.
+    :func:`lit_minimind.data.tokenizer.load_tokenizer` checks.
 
     Raises:
         DataError: the file is missing, is a directory, holds no records, or a

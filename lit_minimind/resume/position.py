@@ -2,7 +2,7 @@
 
 MiniMind's rule (lesson 15): ``step`` counts the batches of an epoch on one rank, so a run saved
 on ``W`` ranks resumes on ``W'`` ranks at ``step * W // W'``. Because every rank's samples come from
-one world-size independent permutation (:class:`lit_minimind.sampler.EpochShardSampler`), those
+one world-size independent permutation (:class:`lit_minimind.data.sampler.EpochShardSampler`), those
 batches cover exactly the samples already trained. This module is the only place with that rule.
 """
 
@@ -12,14 +12,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-
-class PositionError(ValueError):
-    """A saved position that cannot exist for this data (e.g. beyond the end of an epoch)."""
+from lit_minimind.errors import PositionError
 
 
 def corrected_step(step: int, saved_world_size: int, current_world_size: int) -> int:
     """MiniMind's world-size step correction: ``step * saved // current``."""
     return step * saved_world_size // current_world_size
+
+
+def world_size_change(saved_step: int, saved_world_size: int, world_size: int, step: int) -> str | None:
+    """The line a resume prints when the world size changed (``None`` when it did not)."""
+    if saved_world_size == world_size:
+        return None
+    return f"world size changed ({saved_world_size}→{world_size}): step {saved_step} → {step}"
 
 
 @dataclass(frozen=True)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
 from torch import nn
 
-from lit_minimind.checkpoint import CheckpointError, checkpoint_stem, read_checkpoint, unwrap_model
-from lit_minimind.minimind_format import model_weights
+from lit_minimind.checkpoint.names import checkpoint_stem
+from lit_minimind.checkpoint.read import read_checkpoint
+from lit_minimind.checkpoint.weights import model_weights, unwrap_model
+from lit_minimind.errors import CheckpointError
 
 
 def weight_path(value: str, out_dir: str | Path, hidden_size: int, use_moe: bool) -> Path | None:

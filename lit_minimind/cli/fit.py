@@ -1,0 +1,240 @@
+"""``python -m lit_minimind.fit``: MiniMind pretraining on LightningCLI.
+
+With no arguments it trains a small model on the embedded corpus on CPU. Every flag is
+LightningCLI's (``--model.*``, ``--data.*``, ``--trainer.*``, ``--config``) plus
+``--resume.*`` (:class:`callbacks.ResumeCallback`), ``--log_interval`` and ``--ckpt_path``
+(``last``, a Lightning ``.ckpt`` or a MiniMind ``_resume.pth``) and ``--from_weight``. MiniMind's own
+``train_pretrain.py`` flags work too (:mod:`lit_minimind.cli.flags`). Run with ``--help``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from jsonargparse import ArgumentError
+from lightning.fabric.plugins import CheckpointIO
+from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+from callbacks import MiniMindConsole, ResumeCallback, resolve_last
+from callbacks.preemption import LOST_PEER_EXIT, STOP, cluster_plugins, lost_peer_advice, requeue_if_preempted
+from callbacks.progress import MiniMindProgressBar
+from callbacks.wandb_run import continue_wandb_run
+from lit_minimind.checkpoint.names import checkpoint_stem
+from lit_minimind.checkpoint.read import peek_wandb_id
+from lit_minimind.cli.flags import mapping_line, name_origins, translate
+from lit_minimind.cli.from_weight import load_start_weights, weight_path
+from lit_minimind.cli.validate import parse_error_line, validate
+from lit_minimind.data.datamodule import MiniMindDataModule
+from lit_minimind.errors import CheckpointError, DataError, UsageError
+from lit_minimind.model.module import LitMiniMind
+from lit_minimind.resume.io import SafeCheckpointIO
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "conf" / "default.yaml"
+
+
+class MiniMindCLI(LightningCLI):
+    """LightningCLI with the resume callback, MiniMind's console line and ``--ckpt_path``."""
+
+    def add_arguments_to_parser(self, parser: Any) -> None:
+        parser.add_lightning_class_args(ResumeCallback, "resume")
+        parser.add_lightning_class_args(MiniMindConsole, "console")
+        parser.add_argument("--log_interval", type=int, default=100, help="print MiniMind's console line every N batches")
+        parser.link_arguments("log_interval", "console.log_interval")
+        parser.add_argument(
+            "--ckpt_path",
+            type=str | None,
+            default=None,
+            help="resume from: 'last' (newest valid checkpoint in --resume.ckpt_dir; starts fresh if none), "
+            "a Lightning .ckpt, or a MiniMind *_resume.pth (ours or original MiniMind's)",
+        )
+        parser.add_argument(
+            "--from_weight", type=str, default="none",
+            help="start from weights (fresh optimizer and position), MiniMind's --from_weight: a NAME "
+            "({resume.out_dir}/{NAME}_{hidden}[_moe].pth) or a file; 'none' = random init; a checkpoint "
+            "found by --ckpt_path wins",
+        )
+
+    def parse_arguments(self, parser: Any, args: Any) -> None:
+        """jsonargparse's errors (raised: exit_on_error=False) as one line naming the flag."""
+        self.given_args = list(args)  # for sft_weight_default
+        try:  # args is main()'s translated argv: parse it as the command line (no "args and sys.argv" warning)
+            self.config = parser.parse_args(args)
+        except ArgumentError as err:
+            flags = re.findall(r"--[\w.]+", parser.format_usage())
+            raise UsageError(parse_error_line(str(err), flags)) from None
+        validate(self.config)  # every value a user can type, before anything is seeded or built
+
+    def before_instantiate_classes(self) -> None:
+        sft_weight_default(self.config, self.parser, self.given_args)
+        trainer = self.config.get("trainer")
+        own_bar = any("ProgressBar" in str(getattr(cb, "class_path", cb)) for cb in trainer.get("callbacks") or [])
+        if trainer.get("enable_progress_bar") is not False and not own_bar:
+            self.trainer_defaults["callbacks"] = [MiniMindProgressBar()]  # 1-based epochs, as the console
+
+    def instantiate_trainer(self, **kwargs: Any) -> Any:
+        """Our checkpoint storage (atomic, verified, reads MiniMind files) joins the ``--trainer.plugins`` given."""
+        plugins = (self.config_init.get("trainer") or {}).get("plugins")
+        plugins = [] if plugins is None else list(plugins) if isinstance(plugins, list) else [plugins]
+        if not any(isinstance(p, CheckpointIO) for p in plugins):
+            plugins.append(SafeCheckpointIO())
+        plugins += cluster_plugins(plugins, (self.config_init.get("trainer") or {}).get("strategy"))  # SLURM: SIGUSR1 is ours
+        return super().instantiate_trainer(plugins=plugins, **kwargs)
+
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except (ValueError, TypeError, MisconfigurationException) as err:  # a value the classes refuse: a user error
+            if isinstance(err, (DataError, UsageError)):
+                raise
+            raise UsageError(str(err).strip().splitlines()[0]) from None
+
+
+def sft_weight_default(config: Any, parser: Any, args: list[str]) -> None:
+    """On SFT data, files are named ``full_sft`` (MiniMind's ``train_full_sft.py``), not ``pretrain``,
+    unless ``--resume.weight`` (``--save_weight``, a ``--config``) names them; so a fine-tune never
+    overwrites the ``out/pretrain_*.pth`` it starts from."""
+    if config.get("resume.weight") != "pretrain":
+        return
+    kind, data_path = config.get("data.kind") or "auto", config.get("data.data_path")
+    if kind == "auto":
+        from lit_minimind.data.dataset import detect_kind
+
+        kind = detect_kind(data_path) if data_path else "pretrain"  # DataError: the file is unusable anyway
+    if kind != "sft":
+        return
+    try:  # what the user gave, defaults left out (the linked --log_interval must be present)
+        given = parser.parse_args(["--log_interval", "0", *args], defaults=False).get("resume.weight")
+    except (ArgumentError, SystemExit):
+        return
+    if given is None:
+        config["resume.weight"] = "full_sft"
+        rank_zero_print("SFT data: files named full_sft (MiniMind's train_full_sft.py; --resume.weight to change)")
+
+
+def resolve_ckpt_path(ckpt_path: str | None, resume: ResumeCallback, model: LitMiniMind) -> str | None:
+    """Turn ``last`` into a file (or ``None`` with a warning); check that a given file exists."""
+    if not ckpt_path:
+        return None
+    if ckpt_path == "last":
+        stem = checkpoint_stem(resume.weight, model.config.hidden_size, model.config.use_moe)
+        found = resolve_last(resume.ckpt_dir, stem)
+        if found is None:
+            rank_zero_warn(f"--ckpt_path last: no checkpoint for {stem} in {resume.ckpt_dir}/ yet; starting fresh")
+            return None
+        return str(found)
+    if not Path(ckpt_path).is_file():
+        raise CheckpointError(f"{ckpt_path}: no such checkpoint file (--ckpt_path)")
+    return ckpt_path
+
+
+def summary(cli: MiniMindCLI, resume: ResumeCallback, console: MiniMindConsole, log_dir: str | None) -> str:
+    trainer = cli.trainer
+    tokens_per_s = console.tokens / console.train_seconds if console.train_seconds else 0.0
+    lines = [
+        "",
+        "== lit-minimind summary ==",
+        f"global steps: {trainer.global_step} (optimizer), batches this run: {console.batches}, epochs: {trainer.current_epoch}",
+        f"loss: first {console.first_loss:.4f} -> last {console.last_loss:.4f}" if console.first_loss is not None else "loss: -",
+        f"throughput: {tokens_per_s:,.0f} tokens/s over {console.train_seconds:.1f} s",
+        f"fp16 weights: {resume.saved_files[0] if resume.saved_files else '-'}",
+        f"resume checkpoints: {resume.ckpt_dir}/ (resume with --ckpt_path last)",
+        f"logs: {log_dir}",
+    ]
+    return "\n".join(lines)
+
+
+def wandb_offline_without_credentials() -> None:
+    """wandb never blocks or fails a run: without credentials it logs offline (WANDB_MODE is respected)."""
+    if "WANDB_MODE" in os.environ or os.environ.get("WANDB_API_KEY"):
+        return
+    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    if netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="ignore"):
+        return
+    os.environ["WANDB_MODE"] = "offline"
+
+
+def wandb_flush_often() -> None:
+    """wandb writes its run file every 15 s by default; a SIGKILL loses what was not written.
+    Flushing every second keeps what was logged before a checkpoint (later steps are re-run)."""
+    os.environ.setdefault("WANDB__TRANSACTION_LOG_FLUSH_INTERVAL", "1")
+
+
+@rank_zero_only
+def rank_zero_print(line: str) -> None:
+    print(line, flush=True)
+
+
+def main(args: list[str] | None = None) -> int:
+    """Run the CLI on ``args`` (default ``sys.argv[1:]``); returns the exit code (2: a user error)."""
+    STOP.install()  # a stop signal from here on is honoured (exit 0, nothing lost), even during start-up
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # Lightning 2.6's own use of a torch API that torch 2.13 deprecates: noise for our users
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+    wandb_offline_without_credentials()
+    wandb_flush_often()
+    origins: dict[str, str] = {}
+    try:
+        # MiniMind's train_pretrain.py flags mean what they mean there (lit_minimind.cli.flags)
+        translation = translate(sys.argv[1:] if args is None else list(args),
+                                compile_supported="compile" in inspect.signature(LitMiniMind).parameters)
+        origins = translation.origins
+        for line in filter(None, [mapping_line(translation), *translation.notes]):
+            rank_zero_print(line)
+        cli = MiniMindCLI(
+            LitMiniMind,
+            MiniMindDataModule,
+            run=False,
+            args=translation.args,
+            # the embedded default is the base of every run; flags and --config presets override it;
+            # parse errors are raised (not exit(2) with the usage) and printed as one line
+            parser_kwargs={"default_config_files": [str(DEFAULT_CONFIG)], "exit_on_error": False},
+            seed_everything_default=42,
+            save_config_kwargs={"overwrite": True},
+            auto_configure_optimizers=False,  # AdamW + MiniMind's LR rule live in LitMiniMind
+            trainer_defaults={"use_distributed_sampler": False, "log_every_n_steps": 1},
+        )
+        resume = next(cb for cb in cli.trainer.callbacks if isinstance(cb, ResumeCallback))
+        console = next(cb for cb in cli.trainer.callbacks if isinstance(cb, MiniMindConsole))
+        ckpt_path = resolve_ckpt_path(cli.config.get("ckpt_path"), resume, cli.model)
+        if ckpt_path:  # Lightning starts the wandb run before it restores callbacks: attach now
+            continue_wandb_run(cli.trainer, peek_wandb_id(ckpt_path))
+            console.continue_logs(cli.trainer, ckpt_path)  # CSV logs: the checkpoint's log directory
+        start = weight_path(cli.config.get("from_weight"), resume.out_dir, cli.model.config.hidden_size,
+                            cli.model.config.use_moe)
+        if start is not None and ckpt_path is None:  # MiniMind's --from_weight: only when not resuming
+            rank_zero_print(load_start_weights(cli.model, start))
+        elif start is not None and cli.config.get("ckpt_path") == "last":
+            rank_zero_print(f"--from_weight {start} not used: resuming from {ckpt_path}")
+        elif start is not None:
+            rank_zero_warn(f"--from_weight {start} ignored: --ckpt_path {ckpt_path} is given")
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
+    except (CheckpointError, DataError, UsageError) as err:
+        print(f"error: {name_origins(str(err), origins)}", file=sys.stderr)
+        return 2
+    except Exception as err:  # a DDP peer died or timed out: one line and exit 3, no hang, no traceback
+        advice = lost_peer_advice(err)
+        if advice is None:
+            raise
+        print(advice, file=sys.stderr, flush=True)
+        return LOST_PEER_EXIT
+    log_dir = cli.trainer.log_dir  # a collective under DDP: every rank asks
+    if cli.trainer.is_global_zero:
+        print(summary(cli, resume, console, log_dir), flush=True)
+    # SLURM + SIGUSR1: rank 0 requeues the job, now that the stop's checkpoint is committed on disk
+    code = requeue_if_preempted(cli.trainer, resume.stopped_by, cli.config.get("ckpt_path"))
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()  # a clean exit for every rank
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

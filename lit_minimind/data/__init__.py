@@ -1,0 +1,1 @@
+"""Data: corpus, tokenizer, chat template, jsonl datasets, samplers and the DataModule."""
