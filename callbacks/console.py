@@ -1,24 +1,20 @@
-"""MiniMind's console line, printed every ``log_interval`` batches, a closing summary, and a logged
-history that survives SIGKILLs (rows carried by the checkpoint, CSV logs continued on resume)."""
+"""MiniMind's console line, printed every ``log_interval`` batches through the progress bar, the
+micro-batch metrics sent to the loggers (one host transfer per log interval), and what the closing
+summary reports. The rows' history that survives SIGKILLs is :mod:`callbacks.log_history`'s."""
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 import os
+import sys
 import time
-from collections import deque
-from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
-HISTORY_MAX_ROWS = 4096  # rows a checkpoint carries at most (the newest)
-HISTORY_MIN_SECONDS = 60.0  # rows logged this recently before a save are always carried
+from callbacks.log_history import LogHistory, flush_loggers
 
 
 def format_minimind_line(epoch: int, epochs: int, step: int, iters: int, loss: float, logits_loss: float,
@@ -39,12 +35,9 @@ class MiniMindConsole(Callback):
     loggers. ``micro_step`` counts the micro-batches trained so far (per process, 1-based): it is
     checkpointed, so it continues across resumes, also on another number of processes.
 
-    Nothing logged is lost to a SIGKILL: the metric rows that may not have reached a logger's files
-    yet (those logged since the save before the previous one, and those of the last minute, at most
-    ``HISTORY_MAX_ROWS``) are part of this callback's checkpointed state and are logged again, with
-    their values, when a run resumes (not to a CSV logger continued by :meth:`continue_logs`, whose
-    file holds them). Loggers are flushed (``logger.save()``) before every checkpoint, so a CSV file
-    is never behind a checkpoint. ``epoch_time`` is MiniMind's estimate of the minutes left in the
+    Nothing logged is lost to a SIGKILL: the rows a resume may need ride in this callback's
+    checkpointed state (:class:`callbacks.log_history.LogHistory`). Loggers are flushed
+    (``logger.save()``) before every checkpoint, so a CSV file is never behind a checkpoint. ``epoch_time`` is MiniMind's estimate of the minutes left in the
     epoch, measured from the epoch's (or the resume's) first batch. Also keeps what the end-of-run
     summary reports.
 
@@ -66,101 +59,52 @@ class MiniMindConsole(Callback):
         self._last_batch_end = 0.0
         # checkpointed: the step axis and the rows that may not be durable in the loggers yet
         self.micro_step: int | None = None  # micro-batches trained so far; None: count from the position
-        self._history: deque[tuple[float, int, dict[str, Any]]] = deque(maxlen=HISTORY_MAX_ROWS)
-        self._epochs_complete = 0  # epochs whose every batch is trained (for rows logged per epoch)
-        self._saves: list[int] = []  # micro_step of the last three saves
-        self._csv_logs: list[dict[str, Any]] = []  # the CSV loggers' directories (continued on resume)
-        self._replay: list[tuple[int, dict[str, Any]]] = []
+        self.history = LogHistory()
         self._pending: list[tuple[Any, ...]] = []  # rows since the last log interval, losses still on the device
-        self._trainer: L.Trainer | None = None  # restored rows, logged again at fit start
-        self._complete_loggers: set[int] = set()  # CSV loggers whose file already holds the restored rows
+        self._trainer: L.Trainer | None = None
 
     # ------------------------------------------------------------------ state (Lightning saves and restores it)
     def state_dict(self) -> dict[str, Any]:
         """Called for every checkpoint: drops the rows no longer needed, returns what a resume needs."""
         if self._trainer is not None:
             self.log_pending(self._trainer)  # rows held for the log interval go out before the checkpoint
-        micro_step = self.micro_step or 0
-        if not self._saves or self._saves[-1] != micro_step:
-            self._saves = [*self._saves, micro_step][-3:]  # this save, the previous one and the one before
-        # dropped: rows up to the save before the previous one, logged long enough ago
-        oldest_kept, recent = self._saves[0] if len(self._saves) == 3 else 0, time.monotonic() - history_seconds()
-        while self._history and self._history[0][2].get("micro_step", 0) <= oldest_kept and self._history[0][0] < recent:
-            self._history.popleft()
-        return {"micro_step": self.micro_step, "epochs_complete": self._epochs_complete, "saves": list(self._saves),
-                "csv_logs": [dict(d) for d in self._csv_logs],
-                "history": [{"step": step, "metrics": dict(metrics)} for _, step, metrics in self._history]}
+        return {"micro_step": self.micro_step, **self.history.state_dict(self.micro_step or 0)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.micro_step = state_dict.get("micro_step")
-        self._epochs_complete = int(state_dict.get("epochs_complete") or 0)
-        self._saves = list(state_dict.get("saves") or [])
-        self._replay = [(int(row["step"]), dict(row["metrics"])) for row in state_dict.get("history") or []]
+        self.history.load_state_dict(state_dict)
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         """Before the checkpoint is written: what the loggers hold goes to their files (CSV: ``metrics.csv``)."""
         flush_loggers(trainer)
 
-    # ------------------------------------------------------------------ resume
     def continue_logs(self, trainer: L.Trainer, ckpt_path: str | os.PathLike) -> None:
-        """Before ``trainer.fit(ckpt_path=...)``, while the loggers have not started: every CSV logger
-        without a version of your choice continues the log directory of the checkpoint's run, its
-        ``metrics.csv`` cut back to the rows logged up to the checkpoint (the rest is trained again)."""
-        from lightning.fabric.loggers import CSVLogger
-
-        state, global_step = peek_console_state(ckpt_path)
-        csv_loggers = [lg for lg in trainer.loggers if isinstance(lg, CSVLogger)]
-        for logger, saved in zip(csv_loggers, state.get("csv_logs") or []):
-            if getattr(logger, "_experiment", None) is not None or getattr(logger, "_version", None) is not None:
-                continue  # started already, or a version you chose: Lightning's behaviour
-            if os.path.normpath(str(logger.root_dir)) != os.path.normpath(str(saved.get("root_dir"))):
-                continue  # logs go elsewhere now: a new version there
-            logger._version = saved["version"]  # CSVLogger has no public setter; its constructor argument
-            if rank_zero_only.rank != 0:
-                continue
-            kept, dropped = continue_metrics_csv(logger, int(state.get("micro_step") or 0),
-                                                 int(state.get("epochs_complete") or 0), global_step)
-            self._complete_loggers.add(id(logger))
-            rank_zero_info(f"logs: continuing {logger.log_dir} (metrics.csv: {kept} rows up to micro_step "
-                           f"{state.get('micro_step')}" + (f"; {dropped} later rows dropped, trained again)" if dropped else ")"))
-
-    def _log_restored_rows(self, trainer: L.Trainer) -> None:
-        """The restored rows, logged again (identical values) to every logger that may have lost them."""
-        rows, self._replay = self._replay, []
-        if not rows or not trainer.is_global_zero:
-            return
-        loggers = [lg for lg in trainer.loggers if id(lg) not in self._complete_loggers]
-        now = time.monotonic()
-        for step, metrics in rows:
-            for logger in loggers:
-                logger.log_metrics(dict(metrics), step=step)
-            self._history.append((now, step, metrics))  # logged now: carried by the next checkpoints again
+        """Before a resume: CSV logs continue the checkpoint's log directory (:meth:`LogHistory.continue_logs`)."""
+        self.history.continue_logs(trainer, ckpt_path)
 
     # ------------------------------------------------------------------ hooks
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        from lightning.fabric.loggers import CSVLogger
-
         self._trainer = trainer
-        # the loggers' experiments exist by now (Lightning creates them before callbacks' setup)
-        self._csv_logs = [{"root_dir": str(lg.root_dir), "version": lg.version}
-                          for lg in trainer.loggers if isinstance(lg, CSVLogger)]
+        self.history.remember_csv_logs(trainer)  # the loggers' experiments exist by now
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._log_restored_rows(trainer)  # here: a resume with nothing left to train never starts training
+        self.history.replay(trainer)  # here: a resume with nothing left to train never starts training
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._log_restored_rows(trainer)  # strategies that restore callbacks after on_fit_start
+        self.history.replay(trainer)  # strategies that restore callbacks after on_fit_start
         self._fit_start = time.perf_counter()
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         flush_loggers(trainer)  # the previous epoch's rows logged after its checkpoint (mean_loss, val_loss)
+        if trainer.is_global_zero and self.batches:  # rows this process logged at the previous epoch's end
+            self.history.record_epoch_metrics(trainer, self.micro_step or 0)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         step, iters = batch_idx + 1, int(trainer.num_training_batches)
         if self.micro_step is None:  # a fresh run, or a checkpoint without our state: count from the position
             self.micro_step = trainer.current_epoch * iters + batch_idx
         self.micro_step += 1
-        self._epochs_complete = trainer.current_epoch
+        self.history.epochs_complete = trainer.current_epoch
         if self._epoch_start is None or self._epoch_start[1] > batch_idx:
             self._epoch_start = (time.perf_counter(), batch_idx)
         self.batches += 1
@@ -183,9 +127,9 @@ class MiniMindConsole(Callback):
         rows = self.log_pending(trainer)
         if trainer.is_global_zero and rows:
             row = rows[-1]
-            print(format_minimind_line(trainer.current_epoch, trainer.max_epochs or 1, step, iters, row["loss"],
-                                       row["loss"] - row["aux_loss"], row["aux_loss"], row["learning_rate"], eta_min),
-                  flush=True)
+            console_print(trainer, format_minimind_line(trainer.current_epoch, trainer.max_epochs or 1, step, iters,
+                                                        row["loss"], row["loss"] - row["aux_loss"], row["aux_loss"],
+                                                        row["learning_rate"], eta_min))
 
     @property
     def last_loss(self) -> float | None:
@@ -206,7 +150,7 @@ class MiniMindConsole(Callback):
                        "micro_step": micro_step}
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=global_step)
-            self._history.append((time.monotonic(), global_step, metrics))
+            self.history.record(global_step, metrics)
             rows.append(metrics)
         if self.first_loss is None:
             self.first_loss = rows[0]["loss"]
@@ -215,90 +159,19 @@ class MiniMindConsole(Callback):
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._epoch_start = None
         if int(trainer.fit_loop.epoch_loop.batch_progress.current.processed) >= int(trainer.num_training_batches):
-            self._epochs_complete = trainer.current_epoch + 1  # before the epoch-end checkpoint (callbacks last)
+            self.history.epochs_complete = trainer.current_epoch + 1  # before the epoch-end checkpoint (callbacks last)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.log_pending(trainer)
         self.train_seconds = time.perf_counter() - self._fit_start
 
 
-def history_seconds() -> float:
-    """How recent a row must be to ride with a checkpoint regardless of saves: a minute, or four of
-    wandb's run-file flush intervals if longer."""
-    try:
-        flush = float(os.environ.get("WANDB__TRANSACTION_LOG_FLUSH_INTERVAL", 15))
-    except ValueError:
-        flush = 15.0
-    return max(HISTORY_MIN_SECONDS, 4 * flush)
-
-
-def flush_loggers(trainer: L.Trainer) -> None:
-    """``logger.save()`` of every logger (CSV: appends the rows held in memory to ``metrics.csv``)."""
-    for logger in trainer.loggers:
-        logger.save()
-
-
-def peek_console_state(path: str | os.PathLike) -> tuple[dict[str, Any], int | None]:
-    """This callback's state in a checkpoint, and the checkpoint's global step; memory-mapped (only
-    the small entries are read). ``({}, None)`` for a file without it (e.g. original MiniMind's)."""
-    import torch
-
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:
-        return {}, None  # the resume itself reports what is wrong with the file
-    if not isinstance(ckpt, dict):
-        return {}, None
-    state = (ckpt.get("callbacks") or {}).get(MiniMindConsole.__qualname__) or {}
-    return dict(state), ckpt.get("global_step")
-
-
-def continue_metrics_csv(logger: Any, micro_step: int, epochs_complete: int, global_step: int | None) -> tuple[int, int]:
-    """Start ``logger``'s writer in its (existing) log directory keeping ``metrics.csv``'s rows up to
-    the checkpoint: ``micro_step`` <= the checkpoint's, rows logged per epoch (``mean_loss``,
-    ``val_loss``) of the epochs it completed. Lightning's writer deletes an existing ``metrics.csv``; the file is moved
-    aside first (``metrics.csv.resume``, read instead if a kill left only it), so a kill at any
-    moment keeps every row. Returns (rows kept, rows dropped)."""
-    log_dir = Path(logger.log_dir)
-    path, aside = log_dir / "metrics.csv", log_dir / "metrics.csv.resume"
-    if path.exists():
-        os.replace(path, aside)
-    header, rows = _complete_rows(aside) if aside.exists() else ([], [])
-    kept = [row for row in rows if _up_to(row, micro_step, epochs_complete, global_step)]
-    import warnings
-
-    with warnings.catch_warnings():  # "exists and is not empty ... will be deleted": not so, it continues
-        warnings.filterwarnings("ignore", message=r".*Experiment logs directory .* exists and is not empty.*")
-        writer = logger.experiment  # Lightning's writer, started in the existing directory
-    if header:
-        tmp = log_dir / "metrics.csv.tmp"
-        with open(tmp, "w", newline="") as f:
-            out = csv.DictWriter(f, fieldnames=header)
-            out.writeheader()
-            out.writerows(kept)
-        os.replace(tmp, path)
-        writer.metrics_keys = list(header)  # appends continue under this header (new keys: Lightning rewrites it)
-    aside.unlink(missing_ok=True)
-    return len(kept), len(rows) - len(kept)
-
-
-def _complete_rows(path: Path) -> tuple[list[str], list[dict[str, str]]]:
-    """Header and rows of a CSV file, without a last line torn by a kill."""
-    with open(path, newline="") as f:
-        text = f.read()
-    text = text[: text.rfind("\n") + 1]
-    reader = csv.DictReader(io.StringIO(text, newline=""))
-    rows = list(reader)
-    return list(reader.fieldnames or []), [row for row in rows if None not in row and None not in row.values()]
-
-
-def _up_to(row: dict[str, str], micro_step: int, epochs_complete: int, global_step: int | None) -> bool:
-    """Whether a ``metrics.csv`` row was logged before the checkpoint (and is not logged again after it)."""
-    try:
-        if row.get("micro_step"):
-            return int(float(row["micro_step"])) <= micro_step
-        if row.get("epoch"):  # Lightning adds the epoch to what it logs
-            return int(float(row["epoch"])) < epochs_complete
-        return global_step is not None and int(float(row.get("step") or 0)) < global_step
-    except ValueError:
-        return False
+def console_print(trainer: L.Trainer, line: str) -> None:
+    """A line on its own line: through the progress bar's ``print`` while a bar is live (it clears the
+    bar, prints, redraws), else ``print``."""
+    bar = trainer.progress_bar_callback
+    if bar is not None and bar.is_enabled:
+        bar.print(line)
+        sys.stdout.flush()
+        return
+    print(line, flush=True)

@@ -14,7 +14,8 @@ from conftest import cli_env, need_shared, run_cli, tiny_args
 from lightning.pytorch.loggers import CSVLogger
 from wandb_files import run_summary
 
-from callbacks.console import MiniMindConsole, continue_metrics_csv
+from callbacks.console import MiniMindConsole
+from callbacks.log_history import continue_metrics_csv
 
 KEYS = ("loss", "logits_loss", "aux_loss", "learning_rate")
 BOTH_LOGGERS = """\
@@ -52,6 +53,12 @@ def wandb_by_step(run_dir: Path) -> tuple[set[str], dict[int, dict]]:
                 assert by_step.setdefault(step, values) == values, f"micro_step {step} logged with two values"
     # a process killed before wandb wrote its run record leaves a run file without one (and without rows)
     return {r["id"] for r in runs if r["id"] is not None or r["history"]}, by_step
+
+
+def wandb_means(run_dir: Path) -> dict[float, float]:
+    """epoch -> mean_loss, over the histories of every process of a run."""
+    runs = [run_summary(d) for d in sorted((run_dir / "wandb").glob("offline-run-*"))]
+    return {row["epoch"]: row["mean_loss"] for run in runs for row in run["history"] if "mean_loss" in row}
 
 
 def test_seeded_sigkills_lose_no_logged_row_wandb_and_csv(tmp_path: Path) -> None:
@@ -95,6 +102,10 @@ def test_seeded_sigkills_lose_no_logged_row_wandb_and_csv(tmp_path: Path) -> Non
     assert [int(r["micro_step"]) for r in rows if r.get("micro_step")] == list(range(1, 37)), "in order"
     per_epoch = [r["epoch"] for r in rows if r.get("mean_loss")]
     assert len(per_epoch) == len(set(per_epoch)), "one mean_loss row per epoch at most"
+    # the epoch means (a checkpointed torchmetrics state) equal the uninterrupted run's, in both loggers
+    ref_means = {r["epoch"]: r["mean_loss"] for r in csv_rows(ref_dir) if r.get("mean_loss")}
+    assert len(ref_means) == 3 and {r["epoch"]: r["mean_loss"] for r in rows if r.get("mean_loss")} == ref_means
+    assert wandb_means(run_dir) == wandb_means(ref_dir) and len(wandb_means(ref_dir)) == 3
     assert "\nlogs: ./lightning_logs/version_0\n" in final.stdout
 
 
@@ -141,7 +152,7 @@ def test_checkpoint_carries_the_rows_since_the_save_before_the_previous_one_and_
         return [row["metrics"]["micro_step"] for row in state["history"]]
 
     def log(console: MiniMindConsole, steps: range, at: float) -> None:
-        console._history.extend((at, s // 2, {"micro_step": s, "loss": 1.0 / s}) for s in steps)
+        console.history.rows.extend((at, s // 2, {"micro_step": s, "loss": 1.0 / s}) for s in steps)
         console.micro_step = steps[-1]
 
     console = MiniMindConsole()
@@ -159,12 +170,12 @@ def test_checkpoint_carries_the_rows_since_the_save_before_the_previous_one_and_
 
     restored, recorder = MiniMindConsole(), Recorder()
     restored.load_state_dict(state)
-    assert restored.micro_step == 12 and restored._saves == [4, 8, 12]
-    restored._log_restored_rows(SimpleNamespace(is_global_zero=True, loggers=[recorder]))  # at fit start
+    assert restored.micro_step == 12 and restored.history._saves == [4, 8, 12]
+    restored.history.replay(SimpleNamespace(is_global_zero=True, loggers=[recorder]))  # at fit start
     assert recorder.rows == [(s // 2, s) for s in range(5, 13)]
     log(restored, range(13, 17), time.monotonic())
     assert carried(restored.state_dict()) == list(range(5, 17))  # logged again just now: carried again
-    monkeypatch.setattr("callbacks.console.HISTORY_MIN_SECONDS", 0.0)
+    monkeypatch.setattr("callbacks.log_history.HISTORY_MIN_SECONDS", 0.0)
     monkeypatch.setenv("WANDB__TRANSACTION_LOG_FLUSH_INTERVAL", "0")
     log(restored, range(17, 21), time.monotonic())
     assert carried(restored.state_dict()) == list(range(13, 21))  # a minute later: since the save of 12

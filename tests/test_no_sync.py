@@ -31,7 +31,7 @@ def test_micro_batches_between_log_lines_do_not_sync(tmp_path: Path, moe: bool, 
         for batch, calls in inner.items():
             # MoE routing sends each layer's per-expert token counts to the host once (data-dependent
             # shapes): one sync per layer and forward, where MiniMind's own code has three per expert
-            routing = [c for c in calls if c.startswith("tolist model.py")]
+            routing = [c for c in calls if c.startswith("tolist minimind.py")]
             assert len(routing) == (2 if moe else 0), (rank, batch, calls)
             # under DDP the ranks agree on stopping (a signal, a failed background write) once per
             # optimizer step, with one small all-reduce: not inside an accumulation window

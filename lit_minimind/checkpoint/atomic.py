@@ -8,15 +8,16 @@ a complete file from a torn or corrupted one (:mod:`lit_minimind.checkpoint.read
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import shutil
 import time
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import IO, Any, BinaryIO
 
 import torch
 
@@ -189,15 +190,17 @@ def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
         return {}
 
 
-def atomic_write_bytes(data: bytes | str, path: str | os.PathLike) -> Path:
-    """Write a small file (text or bytes) atomically, without a manifest: tmp file, fsync, rename,
-    directory fsync. For caches, logs and benchmark results."""
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[IO[Any]]:
+    """Write a file (``mode`` "w" or "wb") atomically, without a manifest: a tmp file beside it, fsync,
+    rename, directory fsync. Caches, logs, generated data and benchmark results; on any error the
+    previous file stays and no tmp file is left."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
+        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8", "newline": "\n"})) as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -205,4 +208,10 @@ def atomic_write_bytes(data: bytes | str, path: str | os.PathLike) -> Path:
         tmp.unlink(missing_ok=True)
         raise
     _fsync_dir(path)
-    return path
+
+
+def atomic_write_bytes(data: bytes | str, path: str | os.PathLike) -> Path:
+    """:func:`atomic_open` for content already in memory (``str`` is written as UTF-8)."""
+    with atomic_open(path, "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+    return Path(path)

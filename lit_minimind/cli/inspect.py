@@ -20,7 +20,7 @@ import torch
 from lit_minimind.checkpoint.names import MINIMIND_KEYS, POSITION_KEYS, RESUME_STATE_KEY, TRAINING_STATE_KEY, manifest_path
 from lit_minimind.checkpoint.read import checkpoint_kind, harmful_imports, read_checkpoint, verify_manifest
 from lit_minimind.checkpoint.verify import verify_file
-from lit_minimind.checkpoint.weights import shape_config
+from lit_minimind.checkpoint.weights import model_weights, shape_config
 from lit_minimind.errors import CheckpointError, NotATorchZip, UnverifiableCheckpoint
 
 SCALER_KEYS = frozenset({"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"})
@@ -50,7 +50,7 @@ def summarize(path: str | Path) -> dict[str, Any]:
     kind = checkpoint_kind(ckpt)
     info.update(valid=kind != "unknown", format=kind)
     if kind == "lightning":
-        weights = ckpt["state_dict"]
+        weights = model_weights(ckpt)  # MiniMind's keys: the metrics' states are no weights
         callback = (ckpt.get("callbacks") or {}).get(RESUME_STATE_KEY) or {}
         state = {**{k: ckpt[k] for k in POSITION_KEYS if k in ckpt}, **callback}
         optimizer = (ckpt.get("optimizer_states") or [None])[0]

@@ -57,6 +57,10 @@ def validate(config: Any) -> None:
     if config.get("model.use_moe") and config.get("model.num_experts_per_tok") > config.get("model.num_experts"):
         raise UsageError(f"--model.num_experts_per_tok must be <= --model.num_experts "
                          f"(got {config.get('model.num_experts_per_tok')} > {config.get('model.num_experts')})")
+    epochs, steps, max_time = (config.get(f"trainer.{k}") for k in ("max_epochs", "max_steps", "max_time"))
+    if epochs == -1 and (steps is None or steps == -1) and max_time is None:
+        raise UsageError("--trainer.max_epochs -1 (MiniMind's --epochs -1: train forever) needs an end: give "
+                         "--trainer.max_steps N or --trainer.max_time DD:HH:MM:SS (the LR schedule is laid out over it)")
     ckpt = config.get("ckpt_path")
     if ckpt and ckpt != "last" and Path(ckpt).is_dir():
         raise UsageError(f"--ckpt_path {ckpt} is a directory; give a checkpoint file or 'last'")

@@ -16,9 +16,10 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from pathlib import Path
 from pydoc_data.topics import topics
+
+from lit_minimind.checkpoint.atomic import atomic_write_bytes
 
 CORPUS_FORMAT_VERSION = 1
 DEFAULT_CHUNK_CHARS = 600
@@ -68,7 +69,7 @@ def write_embedded_corpus(
     if path.is_file():
         return path
     body = "".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts)
-    atomic_write_text(path, body)
+    atomic_write_bytes(body, path)
     return path
 
 
@@ -112,23 +113,8 @@ def write_embedded_sft_corpus(cache_dir: str | os.PathLike[str], max_chars: int 
     cache_dir.mkdir(parents=True, exist_ok=True)
     path = cache_dir / f"sft-corpus-{corpus_fingerprint([f'sft-v{SFT_FORMAT_VERSION}', *lines])[:16]}.jsonl"
     if not path.is_file():
-        atomic_write_text(path, "".join(line + "\n" for line in lines))
+        atomic_write_bytes("".join(line + "\n" for line in lines), path)
     return path
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` via a temporary file and ``os.replace``."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; the cache may be shared
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _split_long(paragraph: str, limit: int) -> list[str]:

@@ -9,6 +9,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from torchmetrics.aggregation import MeanMetric
 
 from lit_minimind.checkpoint.weights import config_mismatches, shape_config
 from lit_minimind.data.sampler import MINIMIND_SEED
@@ -84,7 +85,12 @@ class LitMiniMind(L.LightningModule):
         self._ddp_params_and_buffers_to_ignore = [n for n, _ in self.named_buffers() if n.endswith(("freqs_cos", "freqs_sin"))]
         if compile:
             self.model.compile()  # in place: no ``_orig_mod.`` wrapper, state dict keys unchanged
-        self.epoch_loss = torch.zeros(2)  # running (sum, count) of this epoch's losses: no host sync per batch
+        # the epoch's mean training loss and the validation loss, reduced across ranks at compute (no host
+        # sync per batch: NaN checks off). The training mean is checkpointed (in the state dict): a resume
+        # inside an epoch continues it. Checkpoints without it (MiniMind's, older ones) start it empty.
+        self.train_loss_mean = MeanMetric(nan_strategy="disable")
+        self.train_loss_mean.persistent(True)
+        self.val_loss_mean = MeanMetric(nan_strategy="disable")
         self.last_stats: dict[str, torch.Tensor] = {}
 
     def setup(self, stage: str) -> None:
@@ -122,27 +128,26 @@ class LitMiniMind(L.LightningModule):
         out = self.model(input_ids, labels=labels)
         loss = out.loss + out.aux_loss
         self.last_stats = {"loss": loss.detach(), "logits_loss": out.loss.detach(), "aux_loss": out.aux_loss.detach(), "lr": lr}
-        self.epoch_loss = self.epoch_loss.to(loss.device) + torch.stack([loss.detach().float(), loss.new_ones(()).float()])
+        self.train_loss_mean.update(loss.detach().float())
         # per-micro-batch metrics go to the loggers from callbacks.MiniMindConsole, batched at its
         # log interval (Lightning's self.log would turn them into numbers, a host sync, every batch)
         return loss
 
-    def on_train_epoch_start(self) -> None:
-        restored, self._restored_epoch_loss = getattr(self, "_restored_epoch_loss", None), None
-        if restored is not None and restored["epoch"] == self.current_epoch:  # resumed inside this epoch
-            self.epoch_loss = restored["sum_count"].to(self.device)
-        else:
-            self.epoch_loss = torch.zeros(2, device=self.device)
-
     def on_train_epoch_end(self) -> None:
-        total, count = self.epoch_loss
-        if count > 0:  # one host sync per epoch
-            self.log("mean_loss", total / count, prog_bar=True, sync_dist=True)
+        if self.train_loss_mean.weight > 0:  # batches of this epoch trained (same count on every rank)
+            self.log("mean_loss", self.train_loss_mean.compute(), prog_bar=True)  # one sync per epoch
+        self.train_loss_mean.reset()
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         input_ids, labels = batch
-        out = self.model(input_ids, labels=labels)
-        self.log("val_loss", out.loss, on_epoch=True, prog_bar=True, sync_dist=True)
+        self.val_loss_mean.update(self.model(input_ids, labels=labels).loss.float())
+
+    def on_validation_epoch_end(self) -> None:
+        if self.val_loss_mean.weight > 0:
+            val_loss = self.val_loss_mean.compute()
+            self.log("val_loss", val_loss, prog_bar=True)
+            self.log("val_perplexity", torch.exp(val_loss.clamp(max=50.0)))
+        self.val_loss_mean.reset()
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.model.parameters(), lr=self.hparams.learning_rate, weight_decay=self.hparams.weight_decay)
@@ -150,8 +155,6 @@ class LitMiniMind(L.LightningModule):
     # ----------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["model_config"] = self.config.to_dict()
-        # a resume inside the epoch keeps the epoch's running mean
-        checkpoint["epoch_loss"] = {"epoch": self.current_epoch, "sum_count": self.epoch_loss.detach().cpu()}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint of another model shape or other data, naming every differing field at once
@@ -164,4 +167,7 @@ class LitMiniMind(L.LightningModule):
         if problems:
             raise CheckpointError("checkpoint does not match this run (a resume needs the same model and data):\n  "
                                   + "\n  ".join(problems))
-        self._restored_epoch_loss = checkpoint.get("epoch_loss")
+        state = checkpoint.get("state_dict")
+        if state is not None:  # saved without the epoch's mean (MiniMind's files, older ones): it starts empty
+            for key, value in self.train_loss_mean.state_dict(prefix="train_loss_mean.").items():
+                state.setdefault(key, torch.zeros_like(value))

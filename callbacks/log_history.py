@@ -1,0 +1,190 @@
+"""The logged history that survives SIGKILLs: metric rows carried by checkpoints and logged again on
+resume, and CSV logs continued in the checkpoint's log directory.
+
+Loggers write asynchronously (wandb) or at intervals (CSV); a SIGKILL loses what they held. So the
+rows logged since the save before the previous one (and those of the last minute, at most
+``HISTORY_MAX_ROWS``) ride in the console callback's checkpointed state, and a resume logs them again,
+with their values, to every logger whose files may lack them (not to a CSV logger continued by
+:meth:`LogHistory.continue_logs`, whose file holds them).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+
+from lit_minimind.checkpoint.atomic import atomic_open
+
+HISTORY_MAX_ROWS = 4096  # rows a checkpoint carries at most (the newest)
+HISTORY_MIN_SECONDS = 60.0  # rows logged this recently before a save are always carried
+CONSOLE_STATE_KEY = "MiniMindConsole"  # where Lightning keeps the console callback's state (its __qualname__)
+EPOCH_METRICS = ("mean_loss", "val_loss", "val_perplexity")  # logged by Lightning once per epoch
+
+
+class LogHistory:
+    """The rows a checkpoint carries, which of them a resume logs again, and the CSV logs it continues."""
+
+    def __init__(self) -> None:
+        self.rows: deque[tuple[float, int, dict[str, Any]]] = deque(maxlen=HISTORY_MAX_ROWS)
+        self.epochs_complete = 0  # epochs whose every batch is trained (for rows logged per epoch)
+        self._saves: list[int] = []  # micro_step of the last three saves
+        self._csv_logs: list[dict[str, Any]] = []  # the CSV loggers' directories (continued on resume)
+        self._replay: list[tuple[int, dict[str, Any]]] = []
+        self._complete_loggers: set[int] = set()  # CSV loggers whose file already holds the restored rows
+
+    def record(self, step: int, metrics: dict[str, Any]) -> None:
+        """A row just sent to the loggers."""
+        self.rows.append((time.monotonic(), step, metrics))
+
+    def record_epoch_metrics(self, trainer: L.Trainer, micro_step: int) -> None:
+        """The previous epoch's rows Lightning logged itself (``mean_loss``, ``val_loss``): carried too."""
+        metrics = {k: float(v) for k, v in trainer.logged_metrics.items() if k in EPOCH_METRICS}
+        if metrics and trainer.current_epoch > 0:
+            self.record(trainer.global_step, {**metrics, "epoch": float(trainer.current_epoch - 1), "micro_step": micro_step})
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self, micro_step: int) -> dict[str, Any]:
+        """For a checkpoint at ``micro_step``: drops the rows no longer needed, returns the rest."""
+        if not self._saves or self._saves[-1] != micro_step:
+            self._saves = [*self._saves, micro_step][-3:]  # this save, the previous one and the one before
+        # dropped: rows up to the save before the previous one, logged long enough ago
+        oldest_kept, recent = self._saves[0] if len(self._saves) == 3 else 0, time.monotonic() - history_seconds()
+        while self.rows and self.rows[0][2].get("micro_step", 0) <= oldest_kept and self.rows[0][0] < recent:
+            self.rows.popleft()
+        return {"epochs_complete": self.epochs_complete, "saves": list(self._saves),
+                "csv_logs": [dict(d) for d in self._csv_logs],
+                "history": [{"step": step, "metrics": dict(metrics)} for _, step, metrics in self.rows]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.epochs_complete = int(state_dict.get("epochs_complete") or 0)
+        self._saves = list(state_dict.get("saves") or [])
+        self._replay = [(int(row["step"]), dict(row["metrics"])) for row in state_dict.get("history") or []]
+
+    # ------------------------------------------------------------------ resume
+    def remember_csv_logs(self, trainer: L.Trainer) -> None:
+        """At setup (the loggers' experiments exist): the CSV log directories a resume continues."""
+        from lightning.fabric.loggers import CSVLogger
+
+        self._csv_logs = [{"root_dir": str(lg.root_dir), "version": lg.version}
+                          for lg in trainer.loggers if isinstance(lg, CSVLogger)]
+
+    def continue_logs(self, trainer: L.Trainer, ckpt_path: str | os.PathLike) -> None:
+        """Before ``trainer.fit(ckpt_path=...)``, while the loggers have not started: every CSV logger
+        without a version of your choice continues the log directory of the checkpoint's run, its
+        ``metrics.csv`` cut back to the rows logged up to the checkpoint (the rest is trained again)."""
+        from lightning.fabric.loggers import CSVLogger
+
+        state, global_step = peek_console_state(ckpt_path)
+        csv_loggers = [lg for lg in trainer.loggers if isinstance(lg, CSVLogger)]
+        for logger, saved in zip(csv_loggers, state.get("csv_logs") or []):
+            if getattr(logger, "_experiment", None) is not None or getattr(logger, "_version", None) is not None:
+                continue  # started already, or a version you chose: Lightning's behaviour
+            if os.path.normpath(str(logger.root_dir)) != os.path.normpath(str(saved.get("root_dir"))):
+                continue  # logs go elsewhere now: a new version there
+            logger._version = saved["version"]  # CSVLogger has no public setter; its constructor argument
+            if rank_zero_only.rank != 0:
+                continue
+            kept, dropped = continue_metrics_csv(logger, int(state.get("micro_step") or 0),
+                                                 int(state.get("epochs_complete") or 0), global_step)
+            self._complete_loggers.add(id(logger))
+            rank_zero_info(f"logs: continuing {logger.log_dir} (metrics.csv: {kept} rows up to micro_step "
+                           f"{state.get('micro_step')}" + (f"; {dropped} later rows dropped, trained again)" if dropped else ")"))
+
+    def replay(self, trainer: L.Trainer) -> None:
+        """The restored rows, logged again (identical values) to every logger that may have lost them."""
+        rows, self._replay = self._replay, []
+        if not rows or not trainer.is_global_zero:
+            return
+        loggers = [lg for lg in trainer.loggers if id(lg) not in self._complete_loggers]
+        for step, metrics in rows:
+            for logger in loggers:
+                logger.log_metrics(dict(metrics), step=step)
+            self.record(step, metrics)  # logged now: carried by the next checkpoints again
+
+
+def history_seconds() -> float:
+    """How recent a row must be to ride with a checkpoint regardless of saves: a minute, or four of
+    wandb's run-file flush intervals if longer."""
+    try:
+        flush = float(os.environ.get("WANDB__TRANSACTION_LOG_FLUSH_INTERVAL", 15))
+    except ValueError:
+        flush = 15.0
+    return max(HISTORY_MIN_SECONDS, 4 * flush)
+
+
+def flush_loggers(trainer: L.Trainer) -> None:
+    """``logger.save()`` of every logger (CSV: appends the rows held in memory to ``metrics.csv``)."""
+    for logger in trainer.loggers:
+        logger.save()
+
+
+def peek_console_state(path: str | os.PathLike) -> tuple[dict[str, Any], int | None]:
+    """This callback's state in a checkpoint, and the checkpoint's global step; memory-mapped (only
+    the small entries are read). ``({}, None)`` for a file without it (e.g. original MiniMind's)."""
+    import torch
+
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:
+        return {}, None  # the resume itself reports what is wrong with the file
+    if not isinstance(ckpt, dict):
+        return {}, None
+    state = (ckpt.get("callbacks") or {}).get(CONSOLE_STATE_KEY) or {}
+    return dict(state), ckpt.get("global_step")
+
+
+def continue_metrics_csv(logger: Any, micro_step: int, epochs_complete: int, global_step: int | None) -> tuple[int, int]:
+    """Start ``logger``'s writer in its (existing) log directory keeping ``metrics.csv``'s rows up to
+    the checkpoint: ``micro_step`` <= the checkpoint's, rows logged per epoch (``mean_loss``,
+    ``val_loss``) of the epochs it completed. Lightning's writer deletes an existing ``metrics.csv``; the file is moved
+    aside first (``metrics.csv.resume``, read instead if a kill left only it), so a kill at any
+    moment keeps every row. Returns (rows kept, rows dropped)."""
+    log_dir = Path(logger.log_dir)
+    path, aside = log_dir / "metrics.csv", log_dir / "metrics.csv.resume"
+    if path.exists():
+        os.replace(path, aside)
+    header, rows = _complete_rows(aside) if aside.exists() else ([], [])
+    kept = [row for row in rows if _up_to(row, micro_step, epochs_complete, global_step)]
+    import warnings
+
+    with warnings.catch_warnings():  # "exists and is not empty ... will be deleted": not so, it continues
+        warnings.filterwarnings("ignore", message=r".*Experiment logs directory .* exists and is not empty.*")
+        writer = logger.experiment  # Lightning's writer, started in the existing directory
+    if header:
+        with atomic_open(path, "w") as f:
+            out = csv.DictWriter(f, fieldnames=header)
+            out.writeheader()
+            out.writerows(kept)
+        writer.metrics_keys = list(header)  # appends continue under this header (new keys: Lightning rewrites it)
+    aside.unlink(missing_ok=True)
+    return len(kept), len(rows) - len(kept)
+
+
+def _complete_rows(path: Path) -> tuple[list[str], list[dict[str, str]]]:
+    """Header and rows of a CSV file, without a last line torn by a kill."""
+    with open(path, newline="") as f:
+        text = f.read()
+    text = text[: text.rfind("\n") + 1]
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    rows = list(reader)
+    return list(reader.fieldnames or []), [row for row in rows if None not in row and None not in row.values()]
+
+
+def _up_to(row: dict[str, str], micro_step: int, epochs_complete: int, global_step: int | None) -> bool:
+    """Whether a ``metrics.csv`` row was logged before the checkpoint (and is not logged again after it)."""
+    try:
+        if row.get("micro_step"):
+            return int(float(row["micro_step"])) <= micro_step
+        if row.get("epoch"):  # Lightning adds the epoch to what it logs
+            return int(float(row["epoch"])) < epochs_complete
+        return global_step is not None and int(float(row.get("step") or 0)) < global_step
+    except ValueError:
+        return False
