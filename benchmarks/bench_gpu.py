@@ -70,6 +70,7 @@ from benchmarks.common import (
     table,
     write_json,
 )
+from lit_minimind.checkpoint.atomic import atomic_open
 
 # dense (no sparsity) bf16 tensor-core peak by a substring of torch.cuda.get_device_name(); first match wins
 PEAK_BF16_FLOPS: list[tuple[str, float]] = [
@@ -143,17 +144,12 @@ def synthetic_jsonl(lines: int) -> Path:
     if path.is_file():
         return path
     texts, rng = embedded_texts(), random.Random(7)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            for _ in range(lines):
-                parts: list[str] = []
-                while sum(len(p) for p in parts) < 2400:
-                    parts.append(rng.choice(texts))
-                f.write(json.dumps({"text": "\n\n".join(parts)}, ensure_ascii=False) + "\n")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_open(path, "w") as f:
+        for _ in range(lines):
+            parts: list[str] = []
+            while sum(len(p) for p in parts) < 2400:
+                parts.append(rng.choice(texts))
+            f.write(json.dumps({"text": "\n\n".join(parts)}, ensure_ascii=False) + "\n")
     return path
 
 

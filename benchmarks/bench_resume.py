@@ -48,6 +48,7 @@ from benchmarks.common import (
     table,
     write_json,
 )
+from lit_minimind.checkpoint.atomic import atomic_open
 
 TARGET_RATIO = 1.1
 LINE_RE = re.compile(r"Epoch:\[(\d+)/(\d+)\]\((\d+)/(\d+)\), loss: ")
@@ -78,19 +79,14 @@ def generate_jsonl(lines: int) -> Path:
     if path.is_file():
         return path
     rng = random.Random(1234)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            chunk = []
-            for i in range(lines):
-                chunk.append(f'{{"text": "{i} {" ".join(rng.choices(_WORDS, k=rng.randint(6, 16)))}."}}\n')
-                if len(chunk) == 10_000:
-                    f.write("".join(chunk))
-                    chunk.clear()
-            f.write("".join(chunk))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_open(path, "w") as f:
+        chunk = []
+        for i in range(lines):
+            chunk.append(f'{{"text": "{i} {" ".join(rng.choices(_WORDS, k=rng.randint(6, 16)))}."}}\n')
+            if len(chunk) == 10_000:
+                f.write("".join(chunk))
+                chunk.clear()
+        f.write("".join(chunk))
     return path
 
 

@@ -17,6 +17,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from lit_minimind.checkpoint.atomic import atomic_write_bytes
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -104,19 +106,11 @@ def environment() -> dict[str, Any]:
 
 
 def write_json(path: Path, payload: dict[str, Any]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=1, default=str) + "\n")
-    os.replace(tmp, path)
-    return path
+    return atomic_write_bytes(json.dumps(payload, indent=1, default=str) + "\n", path)
 
 
 def write_text(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-    return path
+    return atomic_write_bytes(text, path)
 
 
 def pyplot():

@@ -10,7 +10,7 @@ import copy
 import math
 from typing import Any
 
-from lit_minimind.resume.position import DataPosition
+from lit_minimind.resume.position import DataPosition, optimizer_steps, window_complete
 
 
 def fit_loop_state_at(template: dict[str, Any], position: DataPosition, accumulate: int, global_step: int) -> dict[str, Any]:
@@ -26,8 +26,8 @@ def fit_loop_state_at(template: dict[str, Any], position: DataPosition, accumula
         raise ValueError("fit_loop_state_at needs a position after at least one batch")
     state = copy.deepcopy(template)
     end = position.epoch_complete
-    stepped = step % accumulate == 0 or step == iters
-    steps_in_epoch = step // accumulate + (1 if step == iters and step % accumulate else 0)
+    stepped = window_complete(step, iters, accumulate)
+    steps_in_epoch = optimizer_steps(DataPosition(0, step, iters), accumulate)
     windows_in_epoch = math.ceil(step / accumulate)
     windows_before = epoch * math.ceil(iters / accumulate)
 
