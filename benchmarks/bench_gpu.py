@@ -184,7 +184,9 @@ def cli_args(spec: Spec, data: Path, tok: Path, work: Path, steps: int, log_inte
 def child_env(warmup: int, **extra: str) -> dict[str, str]:
     # CUBLAS_WORKSPACE_CONFIG is the plain loop's (this process); Lightning sets it itself when deterministic
     env = {k: v for k, v in os.environ.items() if not k.startswith("LIT_MINIMIND_TEST") and k != "CUBLAS_WORKSPACE_CONFIG"}
-    env.update({"PYTHONPATH": str(ROOT), "LIT_MINIMIND_CACHE": str(cache_dir()), "PYTHONUNBUFFERED": "1",
+    # tests/helpers/site: the test-only pause after a save (kill_after_save) is installed from there
+    env.update({"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests" / "helpers" / "site")]),
+                "LIT_MINIMIND_CACHE": str(cache_dir()), "PYTHONUNBUFFERED": "1",
                 "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "disabled", "BENCH_GPU_WARMUP": str(warmup), **extra})
     return env
 

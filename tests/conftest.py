@@ -58,7 +58,8 @@ class Run:
 
 def cli_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LIT_MINIMIND_TEST")}
-    env.update({"PYTHONPATH": str(ROOT), "WANDB_MODE": "offline", "LIT_MINIMIND_CACHE": str(ROOT / ".cache"),
+    # tests/helpers/site: its sitecustomize installs the test-only fault injection (tests/helpers/faults.py)
+    env.update({"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests" / "helpers" / "site")]), "WANDB_MODE": "offline", "LIT_MINIMIND_CACHE": str(ROOT / ".cache"),
                 "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
                 "OMP_NUM_THREADS": "1", **extra})  # 1 thread: tests run side by side on 2 cores
     return env

@@ -2,7 +2,8 @@
 directory fsync of each of its files): the run stops with exit 2 naming the failure, and
 ``--ckpt_path last`` then ends exactly like the uninterrupted run.
 
-The faults are injected in the writer (``LIT_MINIMIND_TEST_FAIL=OP:SUFFIX:N:ERRNO``): a real EIO
+The faults are injected from the tests into the writer (``LIT_MINIMIND_TEST_FAIL=OP:SUFFIX:N:ERRNO``,
+:mod:`tests.helpers.faults`, no hook in the package): a real EIO
 cannot be produced here; a real full disk and a read-only mount are tested in test_fault_tolerance."""
 
 from __future__ import annotations

@@ -31,9 +31,8 @@ class _HashingWriter:
     which is its job here, at a quarter of the cost on the training thread.
     """
 
-    def __init__(self, f: BinaryIO, path: Path | None = None) -> None:
+    def __init__(self, f: BinaryIO) -> None:
         self._f = f
-        self._path = path
         self.crc32 = 0
         self.size = 0
         self.error: OSError | None = None  # torch's zip writer hides it behind a RuntimeError
@@ -42,8 +41,6 @@ class _HashingWriter:
         self.crc32 = zlib.crc32(data, self.crc32)
         self.size += len(data)
         try:
-            if self._path is not None and self.size == len(data):
-                _test_fault("write", self._path)
             return self._f.write(data)
         except OSError as err:
             self.error = err
@@ -51,6 +48,7 @@ class _HashingWriter:
 
     def flush(self) -> None:
         self._f.flush()
+
 
 def _fsync_dir(path: Path) -> None:
     """Make the rename of ``path`` durable: fsync its directory. Filesystems that cannot fsync a
@@ -60,7 +58,6 @@ def _fsync_dir(path: Path) -> None:
     except OSError:  # not supported everywhere (e.g. some network filesystems)
         return
     try:
-        _test_fault("dirfsync", path)
         os.fsync(fd)
     except OSError as err:
         if err.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
@@ -68,46 +65,6 @@ def _fsync_dir(path: Path) -> None:
     finally:
         os.close(fd)
 
-_faults_seen: dict[str, int] = {}
-
-def _test_fault(op: str, path: Path) -> None:
-    """Test-only fault injection: ``LIT_MINIMIND_TEST_FAIL=OP:SUFFIX:N:ERRNO`` makes the N-th ``OP``
-    (``write``, ``fsync``, ``manifest``, ``rename``, ``dirfsync``) on a file whose name ends with
-    ``SUFFIX`` fail with ``ERRNO`` (``ENOSPC``, ``EIO``, ...), as a full or failing disk would.
-    Does nothing otherwise."""
-    spec = os.environ.get("LIT_MINIMIND_TEST_FAIL")
-    if not spec:
-        return
-    want, suffix, nth, code = spec.split(":")
-    if want != op or not path.name.removesuffix(".tmp").endswith(suffix):
-        return
-    _faults_seen[op] = _faults_seen.get(op, 0) + 1
-    if _faults_seen[op] == int(nth):
-        number = getattr(errno, code)
-        raise OSError(number, os.strerror(number), str(path))
-
-_commits_in_process: dict[str, int] = {}
-
-def _test_pause(path: Path, moment: str) -> None:
-    """Test-only: with ``LIT_MINIMIND_TEST_STOP_IN_SAVE=N`` the N-th file commit of this process stops
-    itself (SIGSTOP) with its tmp file complete but not yet in place; with
-    ``LIT_MINIMIND_TEST_STOP_AFTER_SAVE=N`` right after the N-th commit (``N:.ckpt`` counts only
-    files with that suffix). A test then SIGKILLs it there, deterministically. Does nothing otherwise."""
-    target = os.environ.get(f"LIT_MINIMIND_TEST_STOP_{moment.upper()}_SAVE")
-    if not target:
-        return
-    count, _, suffix = target.partition(":")
-    name = path.name.removesuffix(".tmp")
-    if suffix and not name.endswith(suffix):
-        return
-    _commits_in_process[moment] = _commits_in_process.get(moment, 0) + 1
-    if _commits_in_process[moment] == int(count):
-        import signal
-        import threading
-
-        print(f"@@stopped-{moment}-save {path}", flush=True)
-        # to this thread (the background writer, maybe): it stops here, before its next instruction
-        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
 
 def atomic_save(obj: Any, path: str | os.PathLike, meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The one writer: ``torch.save`` to ``path`` atomically, with a manifest (size, CRC-32) beside it.
@@ -122,7 +79,7 @@ def atomic_save(obj: Any, path: str | os.PathLike, meta: Mapping[str, Any] | Non
     tmp = path.with_name(f"{path.name}.tmp")
     try:
         with open(tmp, "wb") as f:
-            writer = _HashingWriter(f, path)
+            writer = _HashingWriter(f)
             try:
                 torch.save(obj, writer)
             except RuntimeError:
@@ -130,12 +87,12 @@ def atomic_save(obj: Any, path: str | os.PathLike, meta: Mapping[str, Any] | Non
                     raise writer.error from None  # the real cause: ENOSPC, EFBIG, EIO, ...
                 raise
             f.flush()
-            _test_fault("fsync", path)
             os.fsync(f.fileno())
         return _commit(tmp, path, {"size": writer.size, "crc32": f"{writer.crc32:08x}", **(meta or {})})
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
 
 def atomic_link(source: str | os.PathLike, path: str | os.PathLike) -> dict[str, Any]:
     """Make ``path`` the same file as ``source`` (a hard link: no bytes written; a copy where the
@@ -145,7 +102,6 @@ def atomic_link(source: str | os.PathLike, path: str | os.PathLike) -> dict[str,
     tmp.unlink(missing_ok=True)
     try:
         try:
-            _test_fault("link", path)
             os.link(source, tmp)
         except OSError as err:
             if err.errno not in (errno.EPERM, errno.EXDEV, errno.ENOTSUP, errno.EMLINK):
@@ -158,6 +114,7 @@ def atomic_link(source: str | os.PathLike, path: str | os.PathLike) -> dict[str,
         tmp.unlink(missing_ok=True)
         raise
 
+
 def _commit(tmp: Path, path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     """Manifest (listing the file it replaces) first, then the rename, then the directory fsync."""
     previous = read_manifest(path) if path.exists() else {}
@@ -166,7 +123,6 @@ def _commit(tmp: Path, path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
         manifest["replaces"] = {"size": previous["size"], "crc32": previous["crc32"]}
     mtmp = manifest_path(path).with_suffix(".tmp")
     try:
-        _test_fault("manifest", path)
         with open(mtmp, "w") as f:
             json.dump(manifest, f, indent=1)
             f.flush()
@@ -175,12 +131,10 @@ def _commit(tmp: Path, path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     except BaseException:
         mtmp.unlink(missing_ok=True)
         raise
-    _test_pause(tmp, "in")
-    _test_fault("rename", path)
     os.replace(tmp, path)
     _fsync_dir(path)
-    _test_pause(path, "after")
     return manifest
+
 
 def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
     """The manifest saved beside ``path`` ({} when absent or unreadable)."""
