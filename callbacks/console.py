@@ -5,7 +5,6 @@ summary reports. The rows' history that survives SIGKILLs is :mod:`callbacks.log
 from __future__ import annotations
 
 import math
-import os
 import sys
 import time
 from typing import Any
@@ -78,9 +77,9 @@ class MiniMindConsole(Callback):
         """Before the checkpoint is written: what the loggers hold goes to their files (CSV: ``metrics.csv``)."""
         flush_loggers(trainer)
 
-    def continue_logs(self, trainer: L.Trainer, ckpt_path: str | os.PathLike) -> None:
-        """Before a resume: CSV logs continue the checkpoint's log directory (:meth:`LogHistory.continue_logs`)."""
-        self.history.continue_logs(trainer, ckpt_path)
+    def continue_logs(self, trainer: L.Trainer, ckpt: dict[str, Any]) -> None:
+        """Before a resume from ``ckpt``: CSV logs continue its log directory (:meth:`LogHistory.continue_logs`)."""
+        self.history.continue_logs(trainer, ckpt)
 
     # ------------------------------------------------------------------ hooks
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:

@@ -22,6 +22,7 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from lit_minimind.checkpoint.atomic import atomic_open
+from lit_minimind.resume.io import callback_state
 
 HISTORY_MAX_ROWS = 4096  # rows a checkpoint carries at most (the newest)
 HISTORY_MIN_SECONDS = 60.0  # rows logged this recently before a save are always carried
@@ -76,13 +77,13 @@ class LogHistory:
         self._csv_logs = [{"root_dir": str(lg.root_dir), "version": lg.version}
                           for lg in trainer.loggers if isinstance(lg, CSVLogger)]
 
-    def continue_logs(self, trainer: L.Trainer, ckpt_path: str | os.PathLike) -> None:
+    def continue_logs(self, trainer: L.Trainer, ckpt: dict[str, Any]) -> None:
         """Before ``trainer.fit(ckpt_path=...)``, while the loggers have not started: every CSV logger
         without a version of your choice continues the log directory of the checkpoint's run, its
         ``metrics.csv`` cut back to the rows logged up to the checkpoint (the rest is trained again)."""
         from lightning.fabric.loggers import CSVLogger
 
-        state, global_step = peek_console_state(ckpt_path)
+        state, global_step = callback_state(ckpt, CONSOLE_STATE_KEY), ckpt.get("global_step")
         csv_loggers = [lg for lg in trainer.loggers if isinstance(lg, CSVLogger)]
         for logger, saved in zip(csv_loggers, state.get("csv_logs") or []):
             if getattr(logger, "_experiment", None) is not None or getattr(logger, "_version", None) is not None:
@@ -124,21 +125,6 @@ def flush_loggers(trainer: L.Trainer) -> None:
     """``logger.save()`` of every logger (CSV: appends the rows held in memory to ``metrics.csv``)."""
     for logger in trainer.loggers:
         logger.save()
-
-
-def peek_console_state(path: str | os.PathLike) -> tuple[dict[str, Any], int | None]:
-    """This callback's state in a checkpoint, and the checkpoint's global step; memory-mapped (only
-    the small entries are read). ``({}, None)`` for a file without it (e.g. original MiniMind's)."""
-    import torch
-
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:
-        return {}, None  # the resume itself reports what is wrong with the file
-    if not isinstance(ckpt, dict):
-        return {}, None
-    state = (ckpt.get("callbacks") or {}).get(CONSOLE_STATE_KEY) or {}
-    return dict(state), ckpt.get("global_step")
 
 
 def continue_metrics_csv(logger: Any, micro_step: int, epochs_complete: int, global_step: int | None) -> tuple[int, int]:

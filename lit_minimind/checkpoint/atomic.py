@@ -136,12 +136,24 @@ def _commit(tmp: Path, path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     return manifest
 
 
+_manifests: dict[str, tuple[tuple[int, int, int], dict[str, Any]]] = {}
+
+
 def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
-    """The manifest saved beside ``path`` ({} when absent or unreadable)."""
+    """The manifest saved beside ``path`` ({} when absent or unreadable); each version of a manifest
+    file is read once per process (sorting candidates, verifying, starting)."""
+    mpath = manifest_path(path)
     try:
-        return json.loads(manifest_path(path).read_text())
+        st = mpath.stat()
+        version = (st.st_ino, st.st_size, st.st_mtime_ns)
+        cached = _manifests.get(str(mpath))
+        if cached is not None and cached[0] == version:
+            return dict(cached[1])
+        manifest = json.loads(mpath.read_text())
     except (OSError, ValueError):
         return {}
+    _manifests[str(mpath)] = (version, manifest)
+    return dict(manifest)
 
 
 @contextlib.contextmanager

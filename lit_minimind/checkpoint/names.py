@@ -28,12 +28,15 @@ def checkpoint_paths(save_dir: str | os.PathLike, weight: str, hidden_size: int,
     weights, resume = minimind_file_names(checkpoint_stem(weight, hidden_size, use_moe))
     return Path(save_dir) / weights, Path(save_dir) / resume
 
+
 def minimind_file_names(stem: str) -> tuple[str, str]:
     """MiniMind's two file names for a stem: the fp16 export and the resume checkpoint."""
     return f"{stem}.pth", f"{stem}_resume.pth"
 
+
 def checkpoint_stem(weight: str, hidden_size: int, use_moe: bool = False) -> str:
     return f"{weight}_{hidden_size}{'_moe' if use_moe else ''}"
+
 
 def manifest_path(path: str | os.PathLike) -> Path:
     return Path(f"{os.fspath(path)}{MANIFEST_SUFFIX}")

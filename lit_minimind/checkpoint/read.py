@@ -26,7 +26,7 @@ def verify_manifest(path: Path, accept_replaced: bool = True) -> None:
     if not mpath.exists():
         return
     try:
-        manifest = json.loads(mpath.read_text())
+        manifest = read_manifest(path) or json.loads(mpath.read_text())  # read again only to say why not
         accepted = [(int(manifest["size"]), str(manifest["crc32"]))]
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise CheckpointError(f"{path}: its manifest {mpath.name} is unreadable ({err})") from err
@@ -45,7 +45,9 @@ def verify_manifest(path: Path, accept_replaced: bool = True) -> None:
     if (size, f"{crc:08x}") not in accepted:
         raise CheckpointError(f"{path}: checksum (crc32) differs from the one recorded when it was saved (corrupted)")
 
+
 _verified: dict[str, tuple[int, int, int]] = {}
+
 
 def verify_checkpoint(path: str | os.PathLike) -> None:
     """Check a checkpoint file's bytes, once per version of the file: against its manifest (size,
@@ -71,7 +73,9 @@ def verify_checkpoint(path: str | os.PathLike) -> None:
             pass  # torch's legacy (pre-zip) format has no checksums: loading it is all that can be checked
     _verified[str(path)] = version
 
+
 HARMLESS_IMPORTS = ("torch.", "collections.", "_codecs.encode", "copyreg._reconstructor", "numpy.")
+
 
 def harmful_imports(pickle_bytes: bytes) -> list[str]:
     """What a pickle would import beyond plain data (``os.system``, ``builtins.eval``, ...), read from its
@@ -93,6 +97,7 @@ def harmful_imports(pickle_bytes: bytes) -> list[str]:
         pass
     return [name for name in dict.fromkeys(imports) if not name.startswith(HARMLESS_IMPORTS)]
 
+
 def _pickle_of(path: Path) -> bytes:
     """The main pickle of a torch.save file (``data.pkl`` in its zip), or the file itself."""
     import zipfile
@@ -103,6 +108,7 @@ def _pickle_of(path: Path) -> bytes:
             return archive.read(name)
     except (zipfile.BadZipFile, StopIteration, OSError):
         return path.read_bytes()
+
 
 def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu", verify: bool = True) -> dict[str, Any]:
     """Load any checkpoint (ours, Lightning's, original MiniMind's) safely, or explain why not.
@@ -133,16 +139,6 @@ def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         raise CheckpointError(f"{path}: holds a {type(obj).__name__}, not a checkpoint dict")
     return obj
 
-def peek_wandb_id(path: str | os.PathLike) -> str | None:
-    """The wandb run id stored with a checkpoint: from its manifest, else from the file itself."""
-    meta = read_manifest(path)
-    if "wandb_id" in meta:
-        return meta["wandb_id"]
-    try:  # memory-mapped: only the small entries are read, not the tensors
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:
-        return None  # the resume itself reports what is wrong with the file
-    return ckpt.get("wandb_id") if isinstance(ckpt, dict) else None
 
 def checkpoint_kind(ckpt: Mapping[str, Any]) -> str:
     """``lightning``, ``minimind_resume``, ``weights`` or ``unknown``."""

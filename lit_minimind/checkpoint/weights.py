@@ -90,6 +90,7 @@ def unwrap_model(model: nn.Module) -> nn.Module:
         model = inner
     return model
 
+
 def fp16_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """MiniMind's export of a model (any wrapper): :func:`fp16_weights` of the bare model."""
     return fp16_weights(unwrap_model(model).state_dict(), prefix="")
@@ -97,6 +98,7 @@ def fp16_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
 SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "use_moe",
                 "num_experts", "vocab_size")
+
 
 def shape_config(state_dict: Mapping[str, torch.Tensor]) -> dict[str, Any]:
     """The model-shape fields implied by a MiniMind state dict (any key prefix)."""
@@ -118,6 +120,7 @@ def shape_config(state_dict: Mapping[str, torch.Tensor]) -> dict[str, Any]:
         "num_experts": len(experts) if experts else None,
         "vocab_size": int(embed.shape[0]),
     }
+
 
 def config_mismatches(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
     """``field: checkpoint X, this run Y`` for every shape field that differs."""

@@ -29,14 +29,13 @@ from callbacks.preemption import LOST_PEER_EXIT, STOP, cluster_plugins, lost_pee
 from callbacks.progress import MiniMindProgressBar
 from callbacks.wandb_run import continue_wandb_run
 from lit_minimind.checkpoint.names import checkpoint_stem
-from lit_minimind.checkpoint.read import peek_wandb_id
 from lit_minimind.cli.flags import mapping_line, name_origins, translate
 from lit_minimind.cli.from_weight import load_start_weights, weight_path
 from lit_minimind.cli.validate import parse_error_line, validate
 from lit_minimind.data.datamodule import MiniMindDataModule
 from lit_minimind.errors import CheckpointError, DataError, UsageError
 from lit_minimind.model.module import LitMiniMind
-from lit_minimind.resume.io import SafeCheckpointIO
+from lit_minimind.resume.io import SafeCheckpointIO, read_start_checkpoint, saved_wandb_id
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "conf" / "default.yaml"
 
@@ -205,9 +204,13 @@ def main(args: list[str] | None = None) -> int:
         resume = next(cb for cb in cli.trainer.callbacks if isinstance(cb, ResumeCallback))
         console = next(cb for cb in cli.trainer.callbacks if isinstance(cb, MiniMindConsole))
         ckpt_path = resolve_ckpt_path(cli.config.get("ckpt_path"), resume, cli.model)
-        if ckpt_path:  # Lightning starts the wandb run before it restores callbacks: attach now
-            continue_wandb_run(cli.trainer, peek_wandb_id(ckpt_path))
-            console.continue_logs(cli.trainer, ckpt_path)  # CSV logs: the checkpoint's log directory
+        if ckpt_path:  # verified and read once; what the start needs comes from this read
+            start_ckpt = read_start_checkpoint(ckpt_path)
+            continue_wandb_run(cli.trainer, saved_wandb_id(start_ckpt))  # before Lightning starts the wandb run
+            console.continue_logs(cli.trainer, start_ckpt)  # CSV logs: the checkpoint's log directory
+            if isinstance(cli.trainer.strategy.checkpoint_io, SafeCheckpointIO):  # Lightning's restore reads no file
+                cli.trainer.strategy.checkpoint_io.hand_over(ckpt_path, start_ckpt)
+            del start_ckpt
         start = weight_path(cli.config.get("from_weight"), resume.out_dir, cli.model.config.hidden_size,
                             cli.model.config.use_moe)
         if start is not None and ckpt_path is None:  # MiniMind's --from_weight: only when not resuming

@@ -70,6 +70,7 @@ class Snapshot:
         self._used.append(buffer)
         return buffer
 
+
 class SafeCheckpointIO(TorchCheckpointIO):
     """Lightning checkpoint storage: atomic, checksummed writes; ``weights_only``, verified reads;
     original MiniMind resume files converted on load.
@@ -87,6 +88,7 @@ class SafeCheckpointIO(TorchCheckpointIO):
         self._executor: ThreadPoolExecutor | None = None
         self._futures: list[Future] = []
         self._snapshot = Snapshot()
+        self._handed_over: tuple[str, dict[str, Any]] | None = None
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
         """Atomic write; an OSError is kept for :meth:`take_error` instead of raised, so that rank 0
@@ -140,10 +142,19 @@ class SafeCheckpointIO(TorchCheckpointIO):
     def teardown(self) -> None:
         self.wait()
 
+    def hand_over(self, path: str | os.PathLike, ckpt: dict[str, Any]) -> None:
+        """The checkpoint the run starts from, already verified and read (:func:`read_start_checkpoint`):
+        Lightning's restore takes it from here instead of reading the file again; released after."""
+        self._handed_over = (os.path.abspath(path), ckpt)
+
     def load_checkpoint(self, path: Any, map_location: Any | None = None, weights_only: bool | None = None) -> dict[str, Any]:
         from lit_minimind.checkpoint.weights import to_lightning
 
-        ckpt = read_checkpoint(path, map_location or "cpu")
+        handed, self._handed_over = self._handed_over, None
+        if handed is not None and handed[0] == os.path.abspath(path) and map_location in (None, "cpu"):
+            ckpt = handed[1]
+        else:
+            ckpt = read_checkpoint(path, map_location or "cpu")
         kind = checkpoint_kind(ckpt)
         if kind == "lightning":
             return ckpt
@@ -162,3 +173,20 @@ class SafeCheckpointIO(TorchCheckpointIO):
                 os.remove(p)
             except FileNotFoundError:
                 pass
+
+
+def read_start_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """The checkpoint a run starts from, verified (once per file version) and read once; the wandb id,
+    the console's state and Lightning's restore (:meth:`SafeCheckpointIO.hand_over`) all take what
+    they need from this one read."""
+    return read_checkpoint(path, "cpu")
+
+
+def callback_state(ckpt: dict[str, Any], key: str) -> dict[str, Any]:
+    """A callback's state in a checkpoint (``{}`` when absent: original MiniMind's files, others')."""
+    return dict((ckpt.get("callbacks") or {}).get(key) or {})
+
+
+def saved_wandb_id(ckpt: dict[str, Any]) -> str | None:
+    """The wandb run id a checkpoint carries (MiniMind's ``wandb_id`` key, ours and original MiniMind's)."""
+    return ckpt.get("wandb_id") or callback_state(ckpt, RESUME_STATE_KEY).get("wandb_id")

@@ -27,10 +27,12 @@ log = logging.getLogger(__name__)
 def current_world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
+
 def library_versions() -> dict[str, str]:
     import lightning
 
     return {"lit_minimind": str(__version__), "torch": str(torch.__version__), "lightning": str(lightning.__version__), "python": platform.python_version()}
+
 
 def save_resume_checkpoint(
     model: nn.Module,
@@ -74,6 +76,7 @@ def save_resume_checkpoint(
             resume[key] = value.state_dict() if hasattr(value, "state_dict") else value
     atomic_save(resume, resume_path, {"kind": "minimind_resume", **position, "wandb_id": wandb_id})
     return weights_path, resume_path
+
 
 def load_resume_checkpoint(
     save_dir: str | os.PathLike,

@@ -52,6 +52,7 @@ def fit_loop_state_at(template: dict[str, Any], position: DataPosition, accumula
     state["epoch_progress"] = {"total": dict(epochs), "current": dict(epochs)}
     return state
 
+
 def loops_at(template: dict[str, Any], position: DataPosition, accumulate: int, global_step: int) -> dict[str, Any] | None:
     """``checkpoint["loops"]`` for a position Lightning did not save itself (a MiniMind file, a changed
     world size): the one place where loop counters are built by hand. ``None`` before any batch."""

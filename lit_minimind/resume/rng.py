@@ -23,6 +23,7 @@ def rng_state() -> dict[str, Any]:
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
+
 def set_rng_state(state: dict[str, Any]) -> None:
     import random
 

@@ -1,0 +1,46 @@
+"""A resume reads its checkpoint once: verified once (one CRC pass), unpickled once, its manifest read
+once; the wandb id, the console's state and Lightning's restore all come from that one read."""
+
+from __future__ import annotations
+
+import builtins
+import io
+import os
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import need_shared, run_cli, tiny_args
+
+
+def test_a_resume_reads_its_checkpoint_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    need_shared()
+    args = tiny_args(epochs=1, accumulate=2, save_interval=4)
+    first = run_cli(tmp_path, args + ["--trainer.max_steps", "2"])  # stops after batch 4, saved there
+    assert first.returncode == 0, first.stderr[-2000:]
+    (chosen,) = (tmp_path / "checkpoints").glob("*_s4_*.ckpt")
+    watched = {os.path.abspath(chosen): "checkpoint", os.path.abspath(f"{chosen}.manifest.json"): "manifest"}
+    reads: Counter[str] = Counter()
+    real_open, real_load = builtins.open, torch.load
+
+    def counting_open(file, mode="r", *a, **k):  # noqa: ANN001, ANN002, ANN003
+        if isinstance(file, (str, os.PathLike)) and "r" in mode and os.path.abspath(file) in watched:
+            reads[f"open {watched[os.path.abspath(file)]}"] += 1
+        return real_open(file, mode, *a, **k)
+
+    def counting_load(f, *a, **k):  # noqa: ANN001, ANN002, ANN003
+        if isinstance(f, (str, os.PathLike)) and os.path.abspath(f) in watched:
+            reads["torch.load checkpoint"] += 1
+        return real_load(f, *a, **k)
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setattr(builtins, "open", counting_open)
+    monkeypatch.setattr(io, "open", counting_open)
+    monkeypatch.setattr(torch, "load", counting_load)
+    from lit_minimind.cli.fit import main
+
+    assert main(args + ["--trainer.max_steps", "3", "--ckpt_path", "last"]) == 0
+    # the file opened twice: the CRC pass and torch.load's own open (it opens through Python's open)
+    assert reads == {"open checkpoint": 2, "open manifest": 1, "torch.load checkpoint": 1}, reads
