@@ -9,6 +9,7 @@ LightningCLI's (``--model.*``, ``--data.*``, ``--trainer.*``, ``--config``) plus
 
 from __future__ import annotations
 
+import argparse
 import inspect
 import os
 import re
@@ -29,7 +30,7 @@ from callbacks.preemption import LOST_PEER_EXIT, STOP, cluster_plugins, lost_pee
 from callbacks.progress import MiniMindProgressBar
 from callbacks.wandb_run import continue_wandb_run
 from lit_minimind.checkpoint.names import checkpoint_stem
-from lit_minimind.cli.flags import mapping_line, name_origins, translate
+from lit_minimind.cli.flags import help_epilog, mapping_line, name_origins, translate
 from lit_minimind.cli.from_weight import load_start_weights, weight_path
 from lit_minimind.cli.validate import parse_error_line, validate
 from lit_minimind.data.datamodule import MiniMindDataModule
@@ -195,7 +196,8 @@ def main(args: list[str] | None = None) -> int:
             args=translation.args,
             # the embedded default is the base of every run; flags and --config presets override it;
             # parse errors are raised (not exit(2) with the usage) and printed as one line
-            parser_kwargs={"default_config_files": [str(DEFAULT_CONFIG)], "exit_on_error": False},
+            parser_kwargs={"default_config_files": [str(DEFAULT_CONFIG)], "exit_on_error": False,
+                           "epilog": help_epilog(), "formatter_class": argparse.RawDescriptionHelpFormatter},
             seed_everything_default=42,
             save_config_kwargs={"overwrite": True},
             auto_configure_optimizers=False,  # AdamW + MiniMind's LR rule live in LitMiniMind

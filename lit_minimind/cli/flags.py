@@ -35,6 +35,18 @@ MINIMIND_FLAGS = [*SIMPLE, *SAME, "device", "dtype", "use_moe", "from_resume", "
 WANDB_PROJECT = "MiniMind-Pretrain"  # MiniMind's default --wandb_project
 
 
+def help_epilog() -> str:
+    """What ``--help`` says of MiniMind's flags (they are translated before the parser sees them)."""
+    pairs = [f"--{k} -> {v}" for k, v in SIMPLE.items()]
+    pairs += ["--dtype bfloat16|float16|float32 -> --trainer.precision bf16-mixed|16-mixed|32-true",
+              "--device cpu|cuda|cuda:N -> --trainer.accelerator/--trainer.devices",
+              "--use_moe 0|1 -> --model.use_moe", "--from_resume 1 -> --ckpt_path last",
+              "--use_compile 0|1 -> --model.compile", "--use_wandb [--wandb_project P] -> a WandbLogger",
+              "--log_interval, --from_weight: the same"]
+    return ("MiniMind's train_pretrain.py flags are accepted too (--flag value or --flag=value, mixed with the "
+            "flags above; later ones win):\n  " + "\n  ".join(pairs))
+
+
 @dataclass
 class Translation:
     args: list[str]  # the port's argv
