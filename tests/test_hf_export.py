@@ -29,7 +29,7 @@ from lit_minimind.cli.from_weight import load_start_weights, weight_path
 from lit_minimind.data.chat_template import load_chat_template
 from lit_minimind.errors import CheckpointError
 from lit_minimind.model.module import LitMiniMind
-from tests.conftest import MINIMIND, ROOT, TOKENIZER, cli_env, need_shared
+from tests.conftest import MINIMIND, ROOT, TOKENIZER, cli_env, need_shared, run_cli, tiny_args
 
 FIXTURE = json.loads((ROOT / "tests" / "fixtures" / "hf" / "minimind_converter.json").read_text())
 PARITY = MINIMIND / "parity"
@@ -246,3 +246,19 @@ def test_minimind_fields_of_a_config_without_rope_theta_edit() -> None:
     del config["rope_theta"], config["rope_scaling"]
     config["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0}
     assert minimind_fields(config, "config.json")["rope_theta"] == 10000.0
+
+
+def test_fit_export_hf_writes_the_final_weights(tmp_path: Path) -> None:
+    """``fit --export_hf DIR``: after the final save, DIR holds the final fp16 weights and the run's tokenizer;
+    the run's .ckpt exports the same (its recorded tokenizer)."""
+    hf = tmp_path / "hf"
+    run = run_cli(tmp_path, tiny_args("--trainer.max_steps", "2", "--export_hf", str(hf)))
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert f"Hugging Face export: {hf}/ (from out/pretrain_64.pth)" in run.stdout
+    final = tmp_path / "out" / "pretrain_64.pth"
+    assert_same_weights(model_weights(read_checkpoint(hf)), dict(model_weights(read_checkpoint(final))))
+    assert (hf / "tokenizer.json").read_bytes() == (TOKENIZER / "tokenizer.json").read_bytes()
+    ckpt = next((tmp_path / "checkpoints").glob("*.ckpt"))
+    export_hf(ckpt, tmp_path / "from_ckpt")
+    assert (tmp_path / "from_ckpt" / "model.safetensors").read_bytes() == (hf / "model.safetensors").read_bytes()
+    assert (tmp_path / "from_ckpt" / "tokenizer.json").read_bytes() == (TOKENIZER / "tokenizer.json").read_bytes()
