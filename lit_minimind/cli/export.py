@@ -103,7 +103,10 @@ def export_hf(src: str | os.PathLike, out_dir: str | os.PathLike, dtype: str = "
         raise CheckpointError(f"{src}: no MiniMind weights found") from None
     config = model_config(ckpt, weights, str(src))
     tensors = to_hf(weights, config.to_dict(), dtype, what=str(src))
-    tokenizer_dir = Path(tokenizer_path) if tokenizer_path else recorded_tokenizer(ckpt) or build_default_tokenizer()
+    recorded = None if tokenizer_path else recorded_tokenizer(ckpt)
+    if recorded is not None and not recorded.is_dir():
+        raise DataError(f"{src} was trained with the tokenizer {recorded}, which no longer exists: pass --tokenizer_path")
+    tokenizer_dir = Path(tokenizer_path) if tokenizer_path else recorded or build_default_tokenizer()
     files = {CONFIG_FILE: _json(hf_config(config.to_dict(), dtype)), GENERATION_CONFIG_FILE: _json(generation_config()),
              **tokenizer_files(tokenizer_dir, config.vocab_size)}
     with atomic_directory(out_dir, replace=overwrite) as tmp:
