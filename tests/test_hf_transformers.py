@@ -25,7 +25,9 @@ from lit_minimind.data.tokenizer import BOS_ID, EOS_ID, build_default_tokenizer,
 from tests.conftest import MINIMIND, ROOT, TOKENIZER, cli_env, need_shared
 
 HF_PYTHON = ROOT / ".venv-hf" / "bin" / "python"
-pytestmark = pytest.mark.skipif(not HF_PYTHON.exists(), reason=".venv-hf is absent (`make test-hf` builds it)")
+# minutes in all: `make test-hf` runs them (not `make test`, not `make test-slow`)
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not HF_PYTHON.exists(), reason=".venv-hf is absent (`make test-hf` builds it)")]
 
 PROMPT = "The quick brown fox"
 TEXTS = ["Hello, world!", "你好，世界。MiniMind 是一个小模型。", "<|im_start|>user\nhi<|im_end|>\n", "  spaces\tand\nnewlines  "]
