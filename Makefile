@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: lint fit test test-slow test-compat bench bench-gpu install clean
+.PHONY: lint fit test test-slow test-compat test-hf bench bench-gpu install clean
 
 $(STAMP): pyproject.toml setup.cfg
 	$(PYTHON) -m venv $(VENV)
@@ -27,7 +27,7 @@ test: $(STAMP) lint
 
 # minutes-long checks (torch.compile on CPU, ...): CI runs them after `make test`
 test-slow: $(STAMP)
-	$(PY) -m pytest -q -n 2 -m slow tests $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 2 -m slow tests --ignore=tests/test_hf_transformers.py $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run_all
@@ -55,3 +55,18 @@ $(COMPAT_STAMP): pyproject.toml setup.cfg
 
 test-compat: $(COMPAT_STAMP)
 	$(COMPAT_VENV)/bin/python -m pytest -q -n 2 $(COMPAT_TESTS) $(PYTEST_ARGS)
+
+# The Hugging Face export in transformers itself (tests/test_hf_transformers.py): transformers in its own
+# venv (in the project's it breaks torchmetrics); the tests run it there and skip without it.
+HF_TRANSFORMERS ?= 5.24.0
+HF_VENV := .venv-hf
+HF_STAMP := $(HF_VENV)/.installed-$(HF_TRANSFORMERS)
+
+$(HF_STAMP):
+	$(PYTHON) -m venv $(HF_VENV)
+	$(HF_VENV)/bin/python -m pip install -q --upgrade pip
+	$(HF_VENV)/bin/python -m pip install -q torch==2.13.0 "transformers==$(HF_TRANSFORMERS)" safetensors
+	touch $(HF_STAMP)
+
+test-hf: $(STAMP) $(HF_STAMP)
+	$(PY) -m pytest -q -n 2 tests/test_hf_transformers.py $(PYTEST_ARGS)

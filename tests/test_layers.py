@@ -16,7 +16,7 @@ LAYERS = [
     ("lit_minimind.data",),
     ("lit_minimind.model",),
     ("callbacks",),
-    ("lit_minimind.cli", "lit_minimind.fit", "lit_minimind.generate", "lit_minimind.inspect",
+    ("lit_minimind.cli", "lit_minimind.fit", "lit_minimind.generate", "lit_minimind.inspect", "lit_minimind.export",
      "lit_minimind.precision", "lit_minimind"),  # entry points and the package's public names
 ]
 

@@ -13,6 +13,7 @@ import errno
 import json
 import os
 import shutil
+import tempfile
 import time
 import zlib
 from collections.abc import Iterator, Mapping
@@ -181,3 +182,48 @@ def atomic_write_bytes(data: bytes | str, path: str | os.PathLike) -> Path:
     with atomic_open(path, "wb") as f:
         f.write(data.encode() if isinstance(data, str) else data)
     return Path(path)
+
+
+@contextlib.contextmanager
+def atomic_directory(path: str | os.PathLike, replace: bool = False) -> Iterator[Path]:
+    """Write a directory atomically: yields an empty tmp directory beside ``path``
+    (``{name}.*.tmp``); when the block ends without an error, every file in it is fsynced and it is
+    renamed to ``path`` (parent directory fsynced). An error removes it; a kill leaves no ``path``
+    (at most the tmp directory).
+
+    An existing empty ``path`` is replaced; a non-empty one only with ``replace``: it is renamed aside
+    first (``.{name}.*.old``, removed afterwards), so ``path`` is the old or the new directory at every
+    moment but the one between the two renames.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f"{path.name}.", suffix=".tmp"))
+    try:
+        tmp.chmod(0o755)  # mkdtemp makes it private; an export is for others to read
+        yield tmp
+        for file in [*tmp.rglob("*"), tmp]:  # the files' bytes, then the directory's entries
+            fd = os.open(file, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        old = None
+        if path.is_dir() and any(path.iterdir()):
+            if not replace:
+                raise FileExistsError(errno.EEXIST, "directory exists and is not empty", str(path))
+            old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".old"))
+            os.replace(path, old)  # onto the empty directory just made
+        elif path.is_dir():
+            path.rmdir()
+        try:
+            os.replace(tmp, path)
+        except BaseException:
+            if old is not None:
+                os.replace(old, path)
+            raise
+        _fsync_dir(path)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -19,6 +19,7 @@ MANIFEST_FIELDS = ("epoch", "step", "world_size", "global_step", "wandb_id")  # 
 MODULE_PREFIX = "model."  # LitMiniMind keeps MiniMindForCausalLM as ``self.model``
 DATA_STATE_KEY = "MiniMindDataModule"  # where Lightning keeps the DataModule's state (its __qualname__)
 RESUME_STATE_KEY = "ResumeCallback"  # where Lightning keeps ResumeCallback's state (``callbacks[...]``)
+HF_CONFIG_KEY = "hf_config"  # a Hugging Face directory read as a checkpoint dict (its config.json)
 TRAINING_STATE_KEY = "lit_minimind"  # per-rank RNG and partial gradients
 CALLBACK_FORMAT_VERSION = 2  # of ResumeCallback's state
 

@@ -14,7 +14,8 @@ from typing import Any
 import torch
 
 from lit_minimind.checkpoint.atomic import read_manifest
-from lit_minimind.checkpoint.names import MINIMIND_KEYS, manifest_path
+from lit_minimind.checkpoint.hf import is_hf_directory, read_hf_directory
+from lit_minimind.checkpoint.names import HF_CONFIG_KEY, MINIMIND_KEYS, manifest_path
 from lit_minimind.checkpoint.verify import UnverifiableCheckpoint, verify_file
 from lit_minimind.errors import CheckpointError
 
@@ -114,9 +115,13 @@ def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     """Load any checkpoint (ours, Lightning's, original MiniMind's) safely, or explain why not.
 
     Always ``weights_only=True``: a file whose unpickling would import or call code is
-    refused. Raises :class:`CheckpointError` naming the file and what is wrong.
+    refused. A Hugging Face directory (``config.json`` + safetensors) of a Qwen3 / Qwen3-MoE model
+    with MiniMind's shapes is read by :func:`lit_minimind.checkpoint.hf.read_hf_directory`.
+    Raises :class:`CheckpointError` naming the file and what is wrong.
     """
     path = Path(path)
+    if is_hf_directory(path):
+        return read_hf_directory(path)
     if verify:
         verify_checkpoint(path)
     elif not path.is_file():
@@ -141,7 +146,9 @@ def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
 
 
 def checkpoint_kind(ckpt: Mapping[str, Any]) -> str:
-    """``lightning``, ``minimind_resume``, ``weights`` or ``unknown``."""
+    """``lightning``, ``minimind_resume``, ``hf`` (a Hugging Face directory), ``weights`` or ``unknown``."""
+    if HF_CONFIG_KEY in ckpt:
+        return "hf"
     if "state_dict" in ckpt and "pytorch-lightning_version" in ckpt:
         return "lightning"
     if all(k in ckpt for k in MINIMIND_KEYS):

@@ -18,6 +18,7 @@ import lightning
 import torch
 from torch import nn
 
+from lit_minimind.checkpoint.hf import FIELDS_KEY
 from lit_minimind.checkpoint.names import DATA_STATE_KEY, MODULE_PREFIX, RESUME_STATE_KEY
 from lit_minimind.checkpoint.read import checkpoint_kind
 
@@ -70,15 +71,27 @@ def to_lightning(ckpt: dict[str, Any]) -> dict[str, Any]:
 
 def model_weights(ckpt: dict[str, Any]) -> dict[str, torch.Tensor]:
     """The model's weights with MiniMind's keys out of any checkpoint: ours or Lightning's (fp32),
-    an original MiniMind resume dict or fp16 export (fp16)."""
+    an original MiniMind resume dict or fp16 export (fp16), a Hugging Face directory (its dtype)."""
     kind = checkpoint_kind(ckpt)
     if kind == "lightning":
         return {k[len(MODULE_PREFIX):]: v for k, v in ckpt["state_dict"].items() if k.startswith(MODULE_PREFIX)}
-    if kind == "minimind_resume":
+    if kind in ("minimind_resume", "hf"):
         return ckpt["model"]
     if kind == "weights":
         return ckpt
     raise ValueError(f"no model weights in a checkpoint with keys {sorted(ckpt)[:8]}")
+
+
+def saved_config(ckpt: Mapping[str, Any]) -> dict[str, Any]:
+    """The model config a checkpoint records beside its weights (``MiniMindConfig`` fields among
+    others): a Lightning checkpoint's ``hyper_parameters``, a Hugging Face directory's ``config.json``;
+    {} for files that record none (fp16 exports, MiniMind's resume files)."""
+    kind = checkpoint_kind(ckpt)
+    if kind == "hf":
+        return dict(ckpt[FIELDS_KEY])
+    if kind == "lightning" and isinstance(ckpt.get("hyper_parameters"), Mapping):
+        return dict(ckpt["hyper_parameters"])
+    return {}
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:

@@ -30,6 +30,7 @@ from callbacks.preemption import LOST_PEER_EXIT, STOP, cluster_plugins, lost_pee
 from callbacks.progress import MiniMindProgressBar
 from callbacks.wandb_run import continue_wandb_run
 from lit_minimind.checkpoint.names import checkpoint_stem
+from lit_minimind.cli.export import export_after_fit
 from lit_minimind.cli.flags import help_epilog, mapping_line, name_origins, translate
 from lit_minimind.cli.from_weight import load_start_weights, weight_path
 from lit_minimind.cli.validate import parse_error_line, validate
@@ -62,6 +63,9 @@ class MiniMindCLI(LightningCLI):
             "({resume.out_dir}/{NAME}_{hidden}[_moe].pth) or a file; 'none' = random init; a checkpoint "
             "found by --ckpt_path wins",
         )
+        parser.add_argument("--export_hf", type=str | None, default=None,
+                            help="after training, write the final weights as a Hugging Face directory (Qwen3 / "
+                            "Qwen3-MoE, fp16, with the tokenizer) to DIR, replacing an earlier export there")
 
     def parse_arguments(self, parser: Any, args: Any) -> None:
         """jsonargparse's errors (raised: exit_on_error=False) as one line naming the flag."""
@@ -136,7 +140,8 @@ def resolve_ckpt_path(ckpt_path: str | None, resume: ResumeCallback, model: LitM
     return ckpt_path
 
 
-def summary(cli: MiniMindCLI, resume: ResumeCallback, console: MiniMindConsole, log_dir: str | None) -> str:
+def summary(cli: MiniMindCLI, resume: ResumeCallback, console: MiniMindConsole, log_dir: str | None,
+            exported: str | None = None) -> str:
     trainer = cli.trainer
     tokens_per_s = console.tokens / console.train_seconds if console.train_seconds else 0.0
     lines = [
@@ -148,6 +153,7 @@ def summary(cli: MiniMindCLI, resume: ResumeCallback, console: MiniMindConsole, 
         f"fp16 weights: {resume.saved_files[0] if resume.saved_files else '-'}",
         f"resume checkpoints: {resume.ckpt_dir}/ (resume with --ckpt_path last)",
         f"logs: {log_dir}",
+        *([f"Hugging Face export: {exported}"] if exported else []),
     ]
     return "\n".join(lines)
 
@@ -222,6 +228,7 @@ def main(args: list[str] | None = None) -> int:
         elif start is not None:
             rank_zero_warn(f"--from_weight {start} ignored: --ckpt_path {ckpt_path} is given")
         cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
+        exported = export_after_fit(cli.config.get("export_hf"), resume, cli.datamodule, cli.trainer)
     except (CheckpointError, DataError, UsageError) as err:
         print(f"error: {name_origins(str(err), origins)}", file=sys.stderr)
         return 2
@@ -233,7 +240,7 @@ def main(args: list[str] | None = None) -> int:
         return LOST_PEER_EXIT
     log_dir = cli.trainer.log_dir  # a collective under DDP: every rank asks
     if cli.trainer.is_global_zero:
-        print(summary(cli, resume, console, log_dir), flush=True)
+        print(summary(cli, resume, console, log_dir, exported), flush=True)
     # SLURM + SIGUSR1: rank 0 requeues the job, now that the stop's checkpoint is committed on disk
     code = requeue_if_preempted(cli.trainer, resume.stopped_by, cli.config.get("ckpt_path"))
     if torch.distributed.is_available() and torch.distributed.is_initialized():

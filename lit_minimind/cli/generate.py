@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Iterable, TextIO
 
 import torch
 from tokenizers import Tokenizer
 
+from lit_minimind.checkpoint.hf import is_hf_directory
 from lit_minimind.checkpoint.read import read_checkpoint
-from lit_minimind.checkpoint.weights import model_weights, shape_config
+from lit_minimind.checkpoint.weights import model_weights, saved_config, shape_config
 from lit_minimind.data.chat_template import load_chat_template, render_chat
 from lit_minimind.data.tokenizer import BOS_ID, EOS_ID, build_default_tokenizer, encode, load_tokenizer
 from lit_minimind.errors import CheckpointError
@@ -28,13 +30,15 @@ from lit_minimind.model import MiniMindConfig, MiniMindForCausalLM
 
 
 def load_model(path: str) -> MiniMindForCausalLM:
-    """A float32 model, in eval mode, from any checkpoint holding MiniMind weights."""
+    """A float32 model, in eval mode, from any checkpoint holding MiniMind weights (or a Hugging Face
+    directory of one): the shape from the weights, the rest from the config the checkpoint records."""
+    ckpt = read_checkpoint(path)
     try:
-        weights = model_weights(read_checkpoint(path))
+        weights = model_weights(ckpt)
     except ValueError:
         raise CheckpointError(f"{path}: no MiniMind weights found") from None
     fields = {k: v for k, v in shape_config(weights).items() if v is not None}
-    model = MiniMindForCausalLM(MiniMindConfig(**fields))
+    model = MiniMindForCausalLM(MiniMindConfig.from_dict({**saved_config(ckpt), **fields}))
     model.load_state_dict({k: v.float() for k, v in weights.items()}, strict=True)
     return model.eval()
 
@@ -84,14 +88,15 @@ def _stdin_turns() -> Iterable[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lit_minimind.generate", description=__doc__.splitlines()[0])
-    parser.add_argument("weights", help="fp16 export, *_resume.pth or Lightning .ckpt")
+    parser.add_argument("weights", help="fp16 export, *_resume.pth, Lightning .ckpt or Hugging Face directory (export)")
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--prompt", action="append", help="text to continue (repeatable)")
     mode.add_argument("--chat", nargs="?", const="", metavar="QUESTION",
                       help="ask an SFT model (chat template, answer only); without QUESTION: one user turn per stdin line")
     parser.add_argument("--system", default=None, help="--chat: a system message opening the conversation")
     parser.add_argument("--think", action="store_true", help="--chat: let the model write its reasoning (open_thinking)")
-    parser.add_argument("--tokenizer_path", default=None, help="directory with tokenizer.json (default: the embedded one)")
+    parser.add_argument("--tokenizer_path", default=None,
+                        help="directory with tokenizer.json (default: a Hugging Face directory's own, else the embedded one)")
     parser.add_argument("--max_new_tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
     parser.add_argument("--top_p", type=float, default=0.9)
@@ -100,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         model = load_model(args.weights)
-        tokenizer_dir = args.tokenizer_path or build_default_tokenizer()
+        own = is_hf_directory(args.weights) and (Path(args.weights) / "tokenizer.json").is_file()
+        tokenizer_dir = args.tokenizer_path or (args.weights if own else build_default_tokenizer())
         tokenizer = load_tokenizer(tokenizer_dir)
         template = load_chat_template(tokenizer_dir) if args.chat is not None else None
     except (CheckpointError, ValueError) as err:  # DataError is a ValueError

@@ -1,0 +1,102 @@
+"""The exported directory in transformers itself: ``AutoModelForCausalLM`` / ``AutoTokenizer`` without
+remote code give our logits, token ids, chat-template text and greedy generation.
+
+transformers never runs in the project's venv (it breaks torchmetrics): ``make test-hf`` builds
+``.venv-hf`` (torch, transformers, safetensors) and the reference side runs there
+(``tests/helpers/hf_reference.py``); without that venv these tests skip.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from lit_minimind.cli.export import export_hf
+from lit_minimind.cli.generate import load_model
+from lit_minimind.data.chat_template import load_chat_template, render_chat
+from lit_minimind.data.tokenizer import BOS_ID, EOS_ID, build_default_tokenizer, encode, load_tokenizer
+from tests.conftest import MINIMIND, ROOT, TOKENIZER, cli_env, need_shared
+
+HF_PYTHON = ROOT / ".venv-hf" / "bin" / "python"
+# minutes in all: `make test-hf` runs them (not `make test`, not `make test-slow`)
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not HF_PYTHON.exists(), reason=".venv-hf is absent (`make test-hf` builds it)")]
+
+PROMPT = "The quick brown fox"
+TEXTS = ["Hello, world!", "你好，世界。MiniMind 是一个小模型。", "<|im_start|>user\nhi<|im_end|>\n", "  spaces\tand\nnewlines  "]
+
+
+def conversations() -> list[list[Any]]:
+    records = [json.loads(line)["conversations"] for line in (MINIMIND / "sft" / "sft.jsonl").read_text().splitlines()[:4]]
+    chats: list[list[Any]] = [[r, False, {}] for r in records]
+    chats += [[records[1][:1], True, {}], [records[1][:1], True, {"open_thinking": True}]]
+    return chats
+
+
+def reference(directory: Path, request: dict[str, Any], tmp_path: Path) -> tuple[dict[str, Any], torch.Tensor]:
+    """transformers' answers for ``request`` on ``directory``."""
+    (tmp_path / "request.json").write_text(json.dumps(request, ensure_ascii=False))
+    out = tmp_path / "reference"
+    out.mkdir()
+    run = subprocess.run([str(HF_PYTHON), str(ROOT / "tests" / "helpers" / "hf_reference.py"), str(directory),
+                          str(tmp_path / "request.json"), str(out)], env=cli_env(), capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads((out / "result.json").read_text()), load_file(out / "logits.safetensors")["logits"]
+
+
+@pytest.mark.parametrize("kind,source", [("dense", "parity/dense_weights.pth"), ("moe", "parity/moe_weights.pth"),
+                                         ("dense", "original_run/out__pretrain_64.pth"),
+                                         ("moe", "original_run/out__pretrain_64_moe.pth")])
+def test_transformers_matches_ours(tmp_path: Path, kind: str, source: str) -> None:
+    need_shared()
+    src = MINIMIND / source
+    directory = tmp_path / "hf"
+    export_hf(src, directory, dtype="float32", tokenizer_path=TOKENIZER)
+    ours = load_model(str(src))
+    tokenizer = load_tokenizer(TOKENIZER)
+    input_ids = torch.load(MINIMIND / "parity" / f"{kind}_expected.pth", weights_only=True)["input_ids"]
+    prompt_ids = [BOS_ID, *encode(tokenizer, PROMPT, 1000)]
+    request = {"input_ids": input_ids.tolist(), "prompt_ids": prompt_ids, "max_new_tokens": 32,
+               "texts": TEXTS, "chats": conversations()}
+    result, logits = reference(directory, request, tmp_path)
+
+    assert result["model_class"] == ("Qwen3MoeForCausalLM" if kind == "moe" else "Qwen3ForCausalLM")
+    with torch.no_grad():
+        our_logits = ours(input_ids).logits
+    assert (logits - our_logits).abs().max().item() <= 1e-5
+
+    our_new = ours.generate(torch.tensor([prompt_ids]), max_new_tokens=32, greedy=True, eos_token_id=EOS_ID)[0, len(prompt_ids):]
+    assert result["generated"] == our_new.tolist()
+    cli = subprocess.run([sys.executable, "-m", "lit_minimind.generate",
+                          str(src), "--tokenizer_path", str(TOKENIZER), "--prompt", PROMPT, "--temperature", "0",
+                          "--max_new_tokens", "32"], cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert cli.returncode == 0, cli.stderr
+    assert cli.stdout == PROMPT + result["generated_text"] + "\n"
+
+    assert result["ids"] == [encode(tokenizer, t, 10**6) for t in TEXTS]
+    assert result["ids_default"] == result["ids"]  # MiniMind's tokenizer adds no special tokens
+    template = load_chat_template(TOKENIZER)
+    assert result["chats"] == [render_chat(m, template, add_generation_prompt=gen, **extra) for m, gen, extra in conversations()]
+
+
+def test_default_tokenizer_in_transformers(tmp_path: Path) -> None:
+    """The embedded default tokenizer (what a run without --data.tokenizer_path trains with) exports too."""
+    need_shared()
+    directory = tmp_path / "hf"
+    export_hf(MINIMIND / "original_run" / "out__pretrain_64.pth", directory, dtype="float32")
+    tokenizer_dir = build_default_tokenizer()
+    tokenizer = load_tokenizer(tokenizer_dir)
+    request = {"input_ids": [[1, 2, 3]], "prompt_ids": [BOS_ID], "max_new_tokens": 1, "texts": TEXTS,
+               "chats": conversations()}
+    result, _ = reference(directory, request, tmp_path)
+    assert result["ids"] == [encode(tokenizer, t, 10**6) for t in TEXTS]
+    template = load_chat_template(tokenizer_dir)
+    assert result["chats"] == [render_chat(m, template, add_generation_prompt=gen, **extra) for m, gen, extra in conversations()]
