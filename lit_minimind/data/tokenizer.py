@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from lit_minimind.checkpoint.atomic import atomic_directory
 from lit_minimind.data.corpus import corpus_fingerprint, embedded_texts
 from lit_minimind.errors import DataError
 
@@ -98,23 +97,14 @@ def build_default_tokenizer(cache_dir: str | os.PathLike[str] | None = None) -> 
     if (target / "tokenizer.json").is_file():
         return target
 
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=cache_dir, prefix=f".{target.name}.", suffix=".tmp"))
     try:
-        tmp.chmod(0o755)  # mkdtemp makes it private; the cache may be shared
-        tokenizer = _train_bpe(texts, DEFAULT_VOCAB_SIZE)
-        tokenizer.save(str(tmp / "tokenizer.json"))
-        config = json.dumps(_tokenizer_config(), indent=2) + "\n"
-        (tmp / "tokenizer_config.json").write_text(config, encoding="utf-8")
-        try:
-            os.replace(tmp, target)
-        except OSError:
-            # Another process finished first (renaming onto a non-empty
-            # directory fails); use its identical result.
-            if not (target / "tokenizer.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        with atomic_directory(target) as tmp:
+            tokenizer = _train_bpe(texts, DEFAULT_VOCAB_SIZE)
+            tokenizer.save(str(tmp / "tokenizer.json"))
+            (tmp / "tokenizer_config.json").write_text(json.dumps(_tokenizer_config(), indent=2) + "\n", encoding="utf-8")
+    except FileExistsError:  # another process finished first: its result is identical
+        if not (target / "tokenizer.json").is_file():
+            raise
     return target
 
 
