@@ -40,8 +40,9 @@ class MiniMindDataModule(L.LightningDataModule):
         max_seq_len: tokens per sample, bos and eos included (MiniMind's ``max_seq_len``).
         batch_size: samples per batch and per process.
         num_workers: DataLoader worker processes.
-        cache_dir: where the embedded corpus and tokenizer are cached
-            (default ``$LIT_MINIMIND_CACHE`` or ``~/.cache/lit_minimind``).
+        cache_dir: where the embedded corpus, the tokenizer and the record index of the data file
+            are cached (default ``$LIT_MINIMIND_CACHE`` or ``~/.cache/lit_minimind``; the index:
+            ``index/``, 8 bytes per record, see :mod:`lit_minimind.data.index`).
         val_fraction: hold out this fraction of the records (the last ones of the file) for a
             validation loss at each epoch's end; 0 (default) trains on everything, as MiniMind.
         kind: ``auto`` (default) detects the data from the first non-blank record
@@ -127,9 +128,10 @@ class MiniMindDataModule(L.LightningDataModule):
             from lit_minimind.data.sft import SFTDataset
 
             full = SFTDataset(data, self.tokenizer, max_length=self.max_seq_len, chat_template=load_chat_template(tok),
-                              add_system_ratio=self.add_system_ratio, empty_think_ratio=self.empty_think_ratio)
+                              add_system_ratio=self.add_system_ratio, empty_think_ratio=self.empty_think_ratio,
+                              cache_dir=self.cache_dir)
         else:
-            full = PretrainDataset(data, self.tokenizer, max_length=self.max_seq_len)
+            full = PretrainDataset(data, self.tokenizer, max_length=self.max_seq_len, cache_dir=self.cache_dir)
         n_val = math.ceil(len(full) * self.val_fraction) if self.val_fraction > 0 else 0
         if n_val >= len(full):
             raise ValueError(f"val_fraction {self.val_fraction} leaves no training records in {data}")

@@ -1,15 +1,14 @@
 """MiniMind pretraining dataset over a jsonl file, without loading it into memory.
 
-Also the jsonl reading shared with :mod:`lit_minimind.data.sft` (:class:`JsonlRecords`,
-:func:`scan_jsonl`) and the data kind of a record or file (:func:`detect_kind`):
-``{"text": ...}`` is pretraining, ``{"conversations": [...]}`` is SFT.
+Also the jsonl reading shared with :mod:`lit_minimind.data.sft` (:class:`JsonlRecords`, over the
+cached record index of :mod:`lit_minimind.data.index`) and the data kind of a record or file
+(:func:`detect_kind`): ``{"text": ...}`` is pretraining, ``{"conversations": [...]}`` is SFT.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from array import array
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
@@ -18,32 +17,38 @@ import torch
 from tokenizers import Tokenizer
 from torch.utils.data import Dataset
 
+from lit_minimind.data.index import RecordCheck, json_type, parse_record, record_offsets, scan_offsets
 from lit_minimind.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, encode
 from lit_minimind.errors import DataError
 
-__all__ = ["DataError", "JsonlRecords", "PretrainDataset", "IGNORE_INDEX", "detect_kind", "scan_jsonl"]
+__all__ = ["DataError", "JsonlRecords", "PretrainDataset", "IGNORE_INDEX", "detect_kind", "scan_jsonl",
+           "check_pretrain_record", "parse_record"]
 
 IGNORE_INDEX = -100  # label value ignored by the cross-entropy loss
 KINDS = ("pretrain", "sft")
 # the field that marks each kind of record: MiniMind's pretrain {"text"} and SFT {"conversations"}
 KIND_FIELD = {"pretrain": "text", "sft": "conversations"}
-RecordCheck = Callable[[dict, str], None]
+_json_type = json_type  # the name the validators of other kinds import
 
 
 class JsonlRecords:
     """Offset-indexed, lazily opened jsonl records: the reading shared by the datasets.
 
-    The constructor reads the file once (:func:`scan_jsonl`), validates every line with
-    ``check`` and keeps only the byte offset of each record (an int64 array), so memory stays
-    small for multi-GB files. :meth:`record` seeks to one line and parses only it. The file
-    is opened lazily, once per process, so the object pickles cleanly into DataLoader
-    workers. Blank (whitespace-only) lines are skipped and do not count as records; line
-    numbers in errors still count them.
+    The constructor gets the byte offset of each record from the file's cached index
+    (:func:`lit_minimind.data.index.record_offsets`: every line validated with ``check`` at the
+    first start, a memory-mapped ``uint64`` array at the next ones, shared by the DataLoader
+    workers and the ranks of a machine), so memory stays small for multi-GB files. ``cache_dir``:
+    where the index lives (default ``$LIT_MINIMIND_CACHE`` or ``~/.cache/lit_minimind``).
+    :meth:`record` seeks to one line and parses only it. The file is opened lazily, once per
+    process, so the object pickles cleanly into DataLoader workers (a mapped index travels as
+    its path and is mapped again). Blank (whitespace-only) lines are skipped and do not count as
+    records; line numbers in errors still count them.
     """
 
-    def __init__(self, data_path: str | os.PathLike[str], check: RecordCheck) -> None:
+    def __init__(self, data_path: str | os.PathLike[str], check: RecordCheck,
+                 cache_dir: str | os.PathLike[str] | None = None) -> None:
         self.data_path = Path(data_path)
-        self.offsets: np.ndarray = scan_jsonl(self.data_path, check)
+        self.offsets: np.ndarray = record_offsets(self.data_path, check, cache_dir)
         self._file: BinaryIO | None = None
         self._file_pid: int | None = None
 
@@ -92,7 +97,19 @@ class JsonlRecords:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_file"], state["_file_pid"] = None, None
+        if isinstance(self.offsets, np.memmap) and self.offsets.filename:  # map it again, not a copy
+            state["offsets"] = ("mapped", str(self.offsets.filename), len(self.offsets))
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        offsets = state["offsets"]
+        if isinstance(offsets, tuple):
+            _, filename, count = offsets
+            state["offsets"] = np.load(filename, mmap_mode="r", allow_pickle=False)
+            if len(state["offsets"]) != count:
+                raise DataError(f"{state['data_path']}: its index {filename} changed while in use "
+                                "(the data file was changed): restart")
+        self.__dict__.update(state)
 
     def __del__(self) -> None:
         if getattr(self, "_file", None) is not None and self._file_pid == os.getpid():
@@ -120,11 +137,12 @@ class PretrainDataset(JsonlRecords, Dataset[tuple[torch.Tensor, torch.Tensor]]):
     """
 
     def __init__(
-        self, data_path: str | os.PathLike[str], tokenizer: Tokenizer, max_length: int = 512
+        self, data_path: str | os.PathLike[str], tokenizer: Tokenizer, max_length: int = 512,
+        cache_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         if max_length < 2:
             raise ValueError(f"max_length must be >= 2 (room for BOS and EOS), got {max_length}")
-        super().__init__(data_path, _check_record)
+        super().__init__(data_path, check_pretrain_record, cache_dir)
         self.tokenizer = tokenizer
         self.max_length = max_length
 
@@ -149,46 +167,20 @@ def _text_of(record: dict) -> str:
 
 
 def scan_jsonl(path: Path, check: RecordCheck | None = None) -> np.ndarray:
-    """Validate a jsonl file of JSON objects; return the byte offset of each record.
+    """Validate a jsonl file of JSON objects without the cache; return the byte offset of each record.
 
     ``check(record, where)`` validates each decoded object (default: a MiniMind pretrain
     record) and raises :class:`DataError` with ``where`` (``"<path>: line N"``) in its
     message. Blank lines are skipped. Raises :class:`DataError` naming ``path`` and the
-    1-based line number of the first invalid line.
+    1-based line number of the first invalid line. The datasets use the cached
+    :func:`lit_minimind.data.index.record_offsets`.
     """
-    check = check or _check_record
+    path = Path(path)
     if not path.exists():
         raise DataError(f"{path}: data file does not exist")
     if path.is_dir():
         raise DataError(f"{path}: is a directory, expected a jsonl file")
-
-    offsets = array("q")
-    position = 0
-    with open(path, "rb") as file:
-        for lineno, line in enumerate(file, start=1):
-            start = position
-            position += len(line)
-            if line.isspace():
-                continue
-            where = f"{path}: line {lineno}"
-            check(parse_record(line, where), where)
-            offsets.append(start)
-    if not offsets:
-        raise DataError(f"{path}: no records (the file is empty or has only blank lines)")
-    return np.array(offsets, dtype=np.int64)
-
-
-def parse_record(line: bytes, where: str) -> dict:
-    """Decode one jsonl line that must hold a JSON object; DataError naming ``where`` if not."""
-    try:
-        record = json.loads(line)
-    except UnicodeDecodeError as exc:
-        raise DataError(f"{where}: not valid UTF-8 ({exc.reason} at byte {exc.start})") from exc
-    except json.JSONDecodeError as exc:
-        raise DataError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
-    if not isinstance(record, dict):
-        raise DataError(f"{where}: expected a JSON object, got {_json_type(record)}")
-    return record
+    return scan_offsets(path, check or check_pretrain_record)[0]
 
 
 def record_kind(record: dict, where: str) -> str:
@@ -242,17 +234,8 @@ def detect_kind(path: str | os.PathLike[str]) -> str:
     raise DataError(f"{path}: no records (the file is empty or has only blank lines)")
 
 
-def _check_record(record: dict, where: str) -> None:
-    """Raise DataError unless ``record`` has a string "text" (MiniMind pretraining)."""
+def check_pretrain_record(record: dict, where: str) -> None:
+    """Raise DataError (naming ``where``) unless ``record`` has a string "text" (MiniMind pretraining)."""
     check_kind(record, where, "pretrain")
     if not isinstance(record["text"], str):
         raise DataError(f'{where}: "text" must be a string, got {_json_type(record["text"])}')
-
-
-def _json_type(value: object) -> str:
-    """JSON name of a decoded value's type, for error messages."""
-    names = {
-        dict: "object", list: "array", str: "string", bool: "boolean",
-        int: "number", float: "number", type(None): "null",
-    }
-    return names.get(type(value), type(value).__name__)

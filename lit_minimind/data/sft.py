@@ -80,6 +80,7 @@ class SFTDataset(JsonlRecords, Dataset[tuple[torch.Tensor, torch.Tensor]]):
         empty_think_ratio: probability of keeping the empty ``<think>`` blocks of a sample
             (MiniMind's meaning: 0 always drops them, 1 always keeps them).
         seed: base seed of the augmentation draws.
+        cache_dir: where the record index is cached (:class:`lit_minimind.data.dataset.JsonlRecords`).
 
     Raises:
         DataError: missing/empty file, or a bad line (not JSON, not an object, a pretraining
@@ -97,13 +98,14 @@ class SFTDataset(JsonlRecords, Dataset[tuple[torch.Tensor, torch.Tensor]]):
         add_system_ratio: float = 0.2,
         empty_think_ratio: float = 0.2,
         seed: int = MINIMIND_SEED,
+        cache_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         if max_length < 1:
             raise ValueError(f"max_length must be >= 1, got {max_length}")
         for name, ratio in (("add_system_ratio", add_system_ratio), ("empty_think_ratio", empty_think_ratio)):
             if not 0.0 <= ratio <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {ratio}")
-        super().__init__(data_path, check_sft_record)
+        super().__init__(data_path, check_sft_record, cache_dir)
         self.tokenizer = tokenizer
         self.max_length = max_length
         self.chat_template = chat_template
