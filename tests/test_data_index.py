@@ -13,11 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lit_minimind.data.dataset import JsonlRecords, PretrainDataset, check_pretrain_record
+from lit_minimind.data.dataset import JsonlRecords, check_pretrain_record
 from lit_minimind.data.index import index_paths, record_offsets, scan_offsets
 from lit_minimind.data.sft import check_sft_record
 from lit_minimind.errors import DataError
-
 from tests.conftest import ROOT, TINY_JSONL, cli_env, need_shared, run_cli, tiny_args
 
 BUILT = "lit_minimind: indexed "
@@ -226,3 +225,13 @@ def test_bad_line_stops_the_cli_before_training(tmp_path: Path) -> None:
     errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
     assert errors == [f'error: {data}: line 7: "text" must be a string, got array'], run.stderr[-2000:]
     assert "Traceback" not in run.stderr and "indexed" not in run.stderr and not run.lines
+
+
+def test_indexes_of_deleted_files_are_pruned(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    gone = write(tmp_path / "gone.jsonl", ["a", "b"])
+    record_offsets(gone, check_pretrain_record, cache)
+    gone.unlink()
+    kept = write(tmp_path / "kept.jsonl", ["c"])
+    record_offsets(kept, check_pretrain_record, cache)  # a build prunes
+    assert sorted(p.name.split("-")[0] for p in (cache / "index").iterdir()) == ["kept.jsonl"] * 3

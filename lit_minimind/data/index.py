@@ -309,16 +309,17 @@ def _write(npy: Path, header_path: Path, key: dict[str, Any], offsets: np.ndarra
 
 
 def _prune(directory: Path) -> None:
-    """Remove the indexes of data files that no longer exist (temporary files, moved data)."""
-    for header_path in directory.glob("*.json"):
+    """Remove the index files of data files that no longer exist (temporary files, moved data);
+    each lock file holds the path of its data file."""
+    for lock in directory.glob("*.lock"):
         try:
-            data = Path(json.loads(header_path.read_bytes())["key"]["path"])
-            if data.exists():
-                continue
-        except (OSError, ValueError, KeyError, TypeError):
-            continue  # not ours, or being written: leave it
+            data = lock.read_text(encoding="utf-8")
+        except (OSError, ValueError):
+            continue
+        if not data or Path(data).exists():
+            continue  # not ours, or a file still there
         for suffix in (".npy", ".json", ".lock"):
-            header_path.with_suffix(suffix).unlink(missing_ok=True)
+            lock.with_suffix(suffix).unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
@@ -335,6 +336,8 @@ def _lock(lock: Path, path: Path) -> contextlib.AbstractContextManager[None]:
 
     fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     try:
+        if not os.fstat(fd).st_size:  # the data file it serves, for _prune
+            os.write(fd, str(path).encode())
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
