@@ -1,7 +1,7 @@
 """``python -m lit_minimind.fit`` with timestamps: the real CLI, plus ``@@bench`` lines on stdout.
 
 Used by :mod:`benchmarks.bench_resume` to tell where the time to the first trained batch goes.
-It wraps (without changing what they do) the jsonl scan, the checkpoint read, the epoch
+It wraps (without changing what they do) the jsonl index (scan or cached map), the checkpoint read, the epoch
 permutation and the dataset's ``__getitem__`` (counting the samples read), then calls
 :func:`lit_minimind.fit.main` with the given arguments. Each line is
 ``@@bench <event> <time.monotonic()> [samples=<n>]``; ``time.monotonic`` is the system-wide
@@ -36,7 +36,7 @@ def install() -> None:
 
         setattr(module, name, wrapper)
 
-    timed(dataset, "scan_jsonl", "scan")  # PretrainDataset.__init__ calls it by module global
+    timed(dataset, "record_offsets", "scan")  # JsonlRecords.__init__ calls it by module global (the cached index)
     timed(lightning_io, "read_checkpoint", "ckpt_read")  # SafeCheckpointIO.load_checkpoint, likewise
     timed(sampler, "epoch_permutation", "permutation")  # EpochShardSampler.__iter__, likewise
 
