@@ -58,7 +58,7 @@ MODEL = {"hidden_size": 64, "num_hidden_layers": 2}
 MAX_SEQ_LEN, BATCH_SIZE = 64, 4
 PHASES = [  # (label, start event, end event)
     ("python + imports", "launch", "imported"),
-    ("jsonl index (scan or cached)", "scan_start", "scan_end"),
+    ("jsonl scan", "scan_start", "scan_end"),
     ("checkpoint read", "ckpt_read_start", "ckpt_read_end"),
     ("epoch permutation", "permutation_start", "permutation_end"),
     ("first batch (read, step)", "first_sample", "first_batch_end"),

@@ -1,12 +1,12 @@
 """Run every benchmark (``make bench``): port overhead, checkpoint cost, resume cost, verify speed,
-memory of a DDP save inside an accumulation window.
+memory of a DDP save inside an accumulation window, data set-up at MiniMind's size.
 
 Each benchmark prints its table and writes ``<name>.json`` and ``<name>.png`` under the
 results directory (default ``benchmarks/results/``); this script also writes
 ``summary.md`` there with all tables and, after a full run into the default directory,
 refreshes the tables in ``benchmarks/README.md`` (between the ``bench-results`` markers).
 
-``python -m benchmarks.run_all [--quick] [--only overhead checkpoint resume verify ddp_save] [--results-dir DIR] [--threads N]``
+``python -m benchmarks.run_all [--quick] [--only overhead checkpoint resume verify ddp_save data] [--results-dir DIR] [--threads N]``
 
 ``--quick`` runs toy sizes (seconds; what ``tests/test_benchmarks.py`` runs); its numbers
 mean nothing.
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks import bench_checkpoint, bench_ddp_save, bench_overhead, bench_resume, bench_verify
+from benchmarks import bench_checkpoint, bench_data, bench_ddp_save, bench_overhead, bench_resume, bench_verify
 from benchmarks.common import RESULTS_DIR, say, write_text
 
 BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {
@@ -31,6 +31,7 @@ BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {
     "resume": bench_resume.run,
     "verify": bench_verify.run,
     "ddp_save": bench_ddp_save.run,
+    "data": bench_data.run,
 }
 README = Path(__file__).resolve().parent / "README.md"
 START, END = "<!-- bench-results:start -->", "<!-- bench-results:end -->"
@@ -110,6 +111,14 @@ def summary(payloads: dict[str, dict[str, Any]]) -> str:
                   "tensor per rank, never pickled); peak extra RSS from the save's start until its files are written, "
                   "the asynchronous snapshot's buffers (kept between saves) allocated by a warm-up save before.", "",
                   p["table"], ""]
+    if "data" in payloads:
+        p = payloads["data"]
+        lines += [f"### 6. Data set-up at MiniMind's size (seconds, lower is better; {p['environment']['date']})", "",
+                  f"A seeded {p['records']:,}-record `{{\"text\"}}` file ({p['data_bytes'] / 1e9:.2f} GB, the size of "
+                  "`pretrain_t2t_mini.jsonl`), in the page cache; every number from a fresh process: "
+                  "`MiniMindDataModule.setup()` with an empty cache (the index built, every line validated) and with "
+                  "the index cached; MiniMind's `load_dataset('json')` into a fresh and a warm Arrow cache; median "
+                  f"(min–max) of {p['reps']} alternating repetitions (next start: 3).", "", p["table"], ""]
     return "\n".join(lines)
 
 

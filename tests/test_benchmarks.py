@@ -116,10 +116,25 @@ def test_resume_quick(quick_run: tuple[Path, str]) -> None:
 
 
 @pytest.mark.slow  # the quick run of every benchmark: a minute on 2 cores (make test-slow)
+def test_data_quick(quick_run: tuple[Path, str]) -> None:
+    out, stdout = quick_run
+    data = load(out, "data")
+    assert data["table"] in stdout
+    assert data["records"] == 5_000 and data["index_bytes"] == 8 * 5_000 + 128  # uint64 offsets + the .npy header
+    assert data["first_build_s"] > 0 and data["cached_start_s"] > 0
+    assert data["builds_first"] == [1] * data["reps"] and set(data["builds_cached"]) == {0}  # the cache is used
+    assert data["ddp2"]["cold_builds"] == 1 and data["ddp2"]["cached_builds"] == 0  # one build per node
+    assert all(v > 0 for v in data["loader_samples_per_s"].values())
+    if "minimind" in data:  # only where a Python with `datasets` is at hand
+        assert data["minimind"]["first_load"]["median"] > 0
+
+
+@pytest.mark.slow  # the quick run of every benchmark: a minute on 2 cores (make test-slow)
 def test_summary_quick(quick_run: tuple[Path, str]) -> None:
     out, _ = quick_run
     text = (out / "summary.md").read_text()
-    for heading in ("### 1. Port overhead", "### 2. Checkpoint cost", "### 3. Resume cost vs position"):
+    for heading in ("### 1. Port overhead", "### 2. Checkpoint cost", "### 3. Resume cost vs position",
+                    "### 6. Data set-up at MiniMind's size"):
         assert heading in text
     assert sum(p.stat().st_size for p in out.iterdir()) < 1 << 20
 
