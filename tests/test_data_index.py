@@ -66,6 +66,25 @@ def test_cache_hit_maps_the_index_without_a_rescan(data: Path, tmp_path: Path, c
     assert builds(capfd) == 0
 
 
+def test_sft_data_uses_the_same_index(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    need_shared()
+    from lit_minimind.data.sft import SFTDataset
+    from lit_minimind.data.tokenizer import load_tokenizer
+    from tests.conftest import TOKENIZER
+
+    chat = {"conversations": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+    path = tmp_path / "sft.jsonl"
+    path.write_text((json.dumps(chat) + "\n") * 5 + "\n" + json.dumps(chat) + "\n")
+    tokenizer, cache = load_tokenizer(TOKENIZER), tmp_path / "cache"
+    first = SFTDataset(path, tokenizer, max_length=32, cache_dir=cache)
+    assert builds(capfd) == 1 and len(first) == 6
+    again = SFTDataset(path, tokenizer, max_length=32, cache_dir=cache)
+    assert builds(capfd) == 0 and isinstance(again.offsets, np.memmap)
+    assert [t.tolist() for t in again[5]] == [t.tolist() for t in first[5]]
+    header = json.loads(index_paths(path, cache)[1].read_text())
+    assert header["key"]["validator"] == "lit_minimind.data.sft.check_sft_record" and header["lines"] == 7
+
+
 def test_another_validator_is_another_index(data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     cache = tmp_path / "cache"
     record_offsets(data, check_pretrain_record, cache)
@@ -235,3 +254,18 @@ def test_indexes_of_deleted_files_are_pruned(tmp_path: Path) -> None:
     kept = write(tmp_path / "kept.jsonl", ["c"])
     record_offsets(kept, check_pretrain_record, cache)  # a build prunes
     assert sorted(p.name.split("-")[0] for p in (cache / "index").iterdir()) == ["kept.jsonl"] * 3
+
+
+@pytest.mark.slow  # two 2-process DDP runs (gloo): about a minute on 2 cores
+def test_ddp_ranks_build_once_then_map(tmp_path: Path) -> None:
+    need_shared()
+    data = tmp_path / "tiny.jsonl"
+    data.write_bytes(TINY_JSONL.read_bytes())
+    env = cli_env(LIT_MINIMIND_CACHE=str(tmp_path / "cache"))
+    first = run_cli(tmp_path, tiny_args("--data.data_path", str(data), epochs=1, devices=2), env=env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert first.stderr.count(BUILT) == 1, first.stderr[-3000:]  # two ranks, one build
+    resumed = run_cli(tmp_path, tiny_args("--data.data_path", str(data), "--ckpt_path", "last", epochs=2, devices=2),
+                      env=env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.stderr.count(BUILT) == 0 and sorted(resumed.steps) == [(2, s) for s in range(1, 7)]
