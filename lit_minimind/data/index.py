@@ -19,9 +19,10 @@ One build per machine (and per shared cache): the builder holds an exclusive ``f
 ``<name>-<path hash>.lock``; the other processes wait for it, then map what it wrote.
 
 The scan: every line decoded (``orjson``, with the standard ``json`` module as the reference for
-what it refuses: a line is bad only if ``json`` refuses it too) and checked by the data kind's
-validator, a ``check(record, where)`` that raises :class:`DataError` naming ``where``
-(``"<file>: line N"``, 1-based; blank lines count as lines, not as records).
+what it refuses: a line is bad only if ``json`` refuses it too; files over 64 MiB in byte ranges
+cut at line ends, one forked process per core) and checked by the data kind's validator, a
+``check(record, where)`` that raises :class:`DataError` naming ``where`` (``"<file>: line N"``,
+1-based; blank lines count as lines, not as records). Any kind plugs in with its validator.
 """
 
 from __future__ import annotations
@@ -162,6 +163,7 @@ def scan_offsets(path: Path, check: RecordCheck, workers: int = 1) -> tuple[np.n
             raise DataError(f"{path}: line {lines + bad[0]}: rejected by {validator_name(check)}")
         lines += count
     offsets = np.concatenate([part[0] for part in parts]) if len(parts) > 1 else parts[0][0]
+    offsets.flags.writeable = False
     if not len(offsets):
         raise DataError(f"{path}: no records (the file is empty or has only blank lines)")
     return offsets, lines
