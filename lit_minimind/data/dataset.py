@@ -17,7 +17,14 @@ import torch
 from tokenizers import Tokenizer
 from torch.utils.data import Dataset
 
-from lit_minimind.data.index import RecordCheck, json_type, parse_record, record_offsets, scan_offsets
+from lit_minimind.data.index import (
+    RecordCheck,
+    json_type,
+    parse_record,
+    record_offsets,
+    require_file,
+    scan_offsets,
+)
 from lit_minimind.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, encode
 from lit_minimind.errors import DataError
 
@@ -175,12 +182,7 @@ def scan_jsonl(path: Path, check: RecordCheck | None = None) -> np.ndarray:
     1-based line number of the first invalid line. The datasets use the cached
     :func:`lit_minimind.data.index.record_offsets`.
     """
-    path = Path(path)
-    if not path.exists():
-        raise DataError(f"{path}: data file does not exist")
-    if path.is_dir():
-        raise DataError(f"{path}: is a directory, expected a jsonl file")
-    return scan_offsets(path, check or check_pretrain_record)[0]
+    return scan_offsets(require_file(path), check or check_pretrain_record)[0]
 
 
 def record_kind(record: dict, where: str) -> str:
@@ -220,11 +222,7 @@ def detect_kind(path: str | os.PathLike[str]) -> str:
     Raises :class:`DataError` naming the file (and the line) when it is missing, empty, or
     the first record is neither kind. Later records are checked by the dataset's scan.
     """
-    path = Path(path)
-    if not path.exists():
-        raise DataError(f"{path}: data file does not exist")
-    if path.is_dir():
-        raise DataError(f"{path}: is a directory, expected a jsonl file")
+    path = require_file(path)
     with open(path, "rb") as file:
         for lineno, line in enumerate(file, start=1):
             if line.isspace():

@@ -51,7 +51,8 @@ try:  # a fast JSON decoder (a dependency); the standard module is the reference
 except ImportError:  # pragma: no cover - orjson is a dependency
     _fast_loads = json.loads
 
-__all__ = ["RecordCheck", "record_offsets", "index_paths", "validator_name", "scan_offsets", "parse_record"]
+__all__ = ["RecordCheck", "record_offsets", "index_paths", "validator_name", "scan_offsets", "parse_record",
+           "require_file", "json_type"]
 
 RecordCheck = Callable[[dict, str], None]
 INDEX_FORMAT = "lit-minimind-jsonl-index"
@@ -68,12 +69,7 @@ def record_offsets(path: str | os.PathLike[str], check: RecordCheck, cache_dir: 
     :class:`DataError` for a missing file, a directory, a file without records, or the first bad
     line (file and 1-based line number).
     """
-    path = Path(path)
-    if not path.exists():
-        raise DataError(f"{path}: data file does not exist")
-    if path.is_dir():
-        raise DataError(f"{path}: is a directory, expected a jsonl file")
-    path = path.resolve()
+    path = require_file(path).resolve()
     npy, header_path, lock = index_paths(path, cache_dir)
     offsets = _load(npy, header_path, _key(path, check))
     if offsets is not None:
@@ -100,6 +96,16 @@ def record_offsets(path: str | os.PathLike[str], check: RecordCheck, cache_dir: 
         _prune(npy.parent)
         loaded = _load(npy, header_path, key)
         return loaded if loaded is not None else offsets
+
+
+def require_file(path: str | os.PathLike[str]) -> Path:
+    """``path`` as a Path; DataError naming it when it does not exist or is a directory."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{path}: data file does not exist")
+    if path.is_dir():
+        raise DataError(f"{path}: is a directory, expected a jsonl file")
+    return path
 
 
 def build_workers(size: int) -> int:
