@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
-import io
 import json
 import os
 import sys
@@ -43,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from lit_minimind.checkpoint.atomic import atomic_write_bytes
+from lit_minimind.checkpoint.atomic import atomic_open, atomic_write_bytes
 from lit_minimind.errors import DataError
 
 try:  # a fast JSON decoder (a dependency); the standard module is the reference either way
@@ -307,9 +306,8 @@ def _build(path: Path, check: RecordCheck) -> tuple[np.ndarray, int, float]:
 def _write(npy: Path, header_path: Path, key: dict[str, Any], offsets: np.ndarray, lines: int) -> None:
     """The offsets, then the header that vouches for them (both atomic; a reader that sees a new
     header with an old array finds the CRC wrong and takes the lock)."""
-    buffer = io.BytesIO()
-    np.save(buffer, offsets, allow_pickle=False)
-    atomic_write_bytes(buffer.getvalue(), npy)
+    with atomic_open(npy, "wb") as file:
+        np.save(file, offsets, allow_pickle=False)
     header = {"format": INDEX_FORMAT, "version": INDEX_VERSION, "key": key, "records": len(offsets),
               "lines": lines, "validated": True, "offsets_crc32": f"{zlib.crc32(offsets.data):08x}",
               "built_by": {"pid": os.getpid(), "host": os.uname().nodename}, "built_at": time.time()}
