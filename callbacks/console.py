@@ -65,8 +65,11 @@ class MiniMindConsole(Callback):
     # ------------------------------------------------------------------ state (Lightning saves and restores it)
     def state_dict(self) -> dict[str, Any]:
         """Called for every checkpoint: drops the rows no longer needed, returns what a resume needs."""
-        if self._trainer is not None:
-            self.log_pending(self._trainer)  # rows held for the log interval go out before the checkpoint
+        trainer = self._trainer
+        if trainer is not None:
+            self.log_pending(trainer)  # rows held for the log interval go out before the checkpoint
+            if trainer.is_global_zero and self.history.epochs_complete > trainer.current_epoch:  # the epoch-end save
+                self.history.record_epoch_metrics(trainer, trainer.current_epoch, self.micro_step or 0)
         return {"micro_step": self.micro_step, **self.history.state_dict(self.micro_step or 0)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -95,8 +98,6 @@ class MiniMindConsole(Callback):
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         flush_loggers(trainer)  # the previous epoch's rows logged after its checkpoint (mean_loss, val_loss)
-        if trainer.is_global_zero and self.batches:  # rows this process logged at the previous epoch's end
-            self.history.record_epoch_metrics(trainer, self.micro_step or 0)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         step, iters = batch_idx + 1, int(trainer.num_training_batches)

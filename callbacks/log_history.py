@@ -40,16 +40,19 @@ class LogHistory:
         self._csv_logs: list[dict[str, Any]] = []  # the CSV loggers' directories (continued on resume)
         self._replay: list[tuple[int, dict[str, Any]]] = []
         self._complete_loggers: set[int] = set()  # CSV loggers whose file already holds the restored rows
+        self._epoch_recorded = -1  # the last epoch whose end-of-epoch row is recorded (by this process)
 
     def record(self, step: int, metrics: dict[str, Any]) -> None:
         """A row just sent to the loggers."""
         self.rows.append((time.monotonic(), step, metrics))
 
-    def record_epoch_metrics(self, trainer: L.Trainer, micro_step: int) -> None:
-        """The previous epoch's rows Lightning logged itself (``mean_loss``, ``val_loss``): carried too."""
-        metrics = {k: float(v) for k, v in trainer.logged_metrics.items() if k in EPOCH_METRICS}
-        if metrics and trainer.current_epoch > 0:
-            self.record(trainer.global_step, {**metrics, "epoch": float(trainer.current_epoch - 1), "micro_step": micro_step})
+    def record_epoch_metrics(self, trainer: L.Trainer, epoch: int, micro_step: int) -> None:
+        """The row Lightning logs itself at the end of ``epoch`` (``mean_loss``, ``val_loss``, ...), carried
+        too, once: taken when the epoch-end checkpoint is written, before Lightning sends it to the loggers."""
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k in EPOCH_METRICS}
+        if metrics and epoch > self._epoch_recorded:
+            self._epoch_recorded = epoch
+            self.record(trainer.global_step, {**metrics, "epoch": float(epoch), "micro_step": micro_step})
 
     # ------------------------------------------------------------------ state
     def state_dict(self, micro_step: int) -> dict[str, Any]:
