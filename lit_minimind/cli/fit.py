@@ -140,6 +140,20 @@ def resolve_ckpt_path(ckpt_path: str | None, resume: ResumeCallback, model: LitM
     return ckpt_path
 
 
+_NO_KERNEL = re.compile(r"(\S+) does not have a deterministic implementation")
+
+
+def nondeterministic_op(error: BaseException) -> str | None:
+    """One line for torch's error on an op without a deterministic kernel under
+    ``--trainer.deterministic true``; ``None`` for any other error."""
+    match = _NO_KERNEL.search(str(error)) if isinstance(error, RuntimeError) else None
+    if match is None:
+        return None
+    return (f"{match.group(1)} has no deterministic kernel on this device, and --trainer.deterministic true "
+            "(the default, for a bit-exact resume) allows no other: rerun with --trainer.deterministic false "
+            "(faster; a resume then matches the uninterrupted run within floating-point noise, not bit for bit)")
+
+
 def summary(cli: MiniMindCLI, resume: ResumeCallback, console: MiniMindConsole, log_dir: str | None,
             exported: str | None = None) -> str:
     trainer = cli.trainer
@@ -233,6 +247,10 @@ def main(args: list[str] | None = None) -> int:
         print(f"error: {name_origins(str(err), origins)}", file=sys.stderr)
         return 2
     except Exception as err:  # a DDP peer died or timed out: one line and exit 3, no hang, no traceback
+        no_kernel = nondeterministic_op(err)
+        if no_kernel is not None:
+            print(f"error: {no_kernel}", file=sys.stderr, flush=True)
+            return 2
         advice = lost_peer_advice(err)
         if advice is None:
             raise
