@@ -18,7 +18,7 @@ import torch
 from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from callbacks.files import CheckpointFiles
+from callbacks.files import CheckpointFiles, agree_on_checkpoint
 from callbacks.preemption import STOP
 from callbacks.schedule import SaveSchedule
 from callbacks.wandb_run import describe_wandb_run, resume_record, wandb_run_id
@@ -75,6 +75,7 @@ class ResumeCallback(Checkpoint):
         self._pending: dict[str, Any] | None = None  # RNG and partial gradients to apply at train start
         self._export: dict[str, torch.Tensor] | None = None
         self._last_saved: tuple[int, int] | None = None
+        self._chosen_here: str | None = None
 
     # the CLI's --resume.* flags
     @property
@@ -166,11 +167,19 @@ class ResumeCallback(Checkpoint):
         return mine
 
     # ------------------------------------------------------------------ start
+    def resume_from(self, path: str | None) -> None:
+        """The checkpoint this rank chose before training (:func:`callbacks.files.choose_checkpoint`): at
+        setup every rank agrees on global rank 0's, the one ``trainer.fit(ckpt_path=path)`` then loads."""
+        self._chosen_here = path
+
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         STOP.install()  # before Lightning registers its SIGTERM handler, which then calls ours too
         io = trainer.strategy.checkpoint_io
+        chosen = agree_on_checkpoint(trainer, self._chosen_here)  # a collective under DDP, before restore
         if isinstance(io, SafeCheckpointIO):
             io.async_writes = self.async_save
+            if chosen is not None and not trainer.is_global_zero:
+                io.load_verified(chosen)  # rank 0's file; rank 0 checked its bytes
         else:
             rank_zero_warn("ResumeCallback: pass plugins=[lit_minimind.lightning_io.SafeCheckpointIO()] to the Trainer "
                            "for atomic, verified, asynchronous checkpoint files and MiniMind resume files")

@@ -25,7 +25,8 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from callbacks import MiniMindConsole, ResumeCallback, resolve_last
+from callbacks import MiniMindConsole, ResumeCallback
+from callbacks.files import choose_checkpoint
 from callbacks.preemption import LOST_PEER_EXIT, STOP, cluster_plugins, lost_peer_advice, requeue_if_preempted
 from callbacks.progress import MiniMindProgressBar
 from callbacks.wandb_run import continue_wandb_run
@@ -124,22 +125,6 @@ def sft_weight_default(config: Any, parser: Any, args: list[str]) -> None:
         rank_zero_print("SFT data: files named full_sft (MiniMind's train_full_sft.py; --resume.weight to change)")
 
 
-def resolve_ckpt_path(ckpt_path: str | None, resume: ResumeCallback, model: LitMiniMind) -> str | None:
-    """Turn ``last`` into a file (or ``None`` with a warning); check that a given file exists."""
-    if not ckpt_path:
-        return None
-    if ckpt_path == "last":
-        stem = checkpoint_stem(resume.weight, model.config.hidden_size, model.config.use_moe)
-        found = resolve_last(resume.ckpt_dir, stem)
-        if found is None:
-            rank_zero_warn(f"--ckpt_path last: no checkpoint for {stem} in {resume.ckpt_dir}/ yet; starting fresh")
-            return None
-        return str(found)
-    if not Path(ckpt_path).is_file():
-        raise CheckpointError(f"{ckpt_path}: no such checkpoint file (--ckpt_path)")
-    return ckpt_path
-
-
 _NO_KERNEL = re.compile(r"(\S+) does not have a deterministic implementation")
 
 
@@ -225,8 +210,10 @@ def main(args: list[str] | None = None) -> int:
         )
         resume = next(cb for cb in cli.trainer.callbacks if isinstance(cb, ResumeCallback))
         console = next(cb for cb in cli.trainer.callbacks if isinstance(cb, MiniMindConsole))
-        ckpt_path = resolve_ckpt_path(cli.config.get("ckpt_path"), resume, cli.model)
-        if ckpt_path:  # verified and read once; what the start needs comes from this read
+        stem = checkpoint_stem(resume.weight, cli.model.config.hidden_size, cli.model.config.use_moe)
+        ckpt_path = choose_checkpoint(cli.config.get("ckpt_path"), resume.ckpt_dir, stem, cli.trainer.global_rank)
+        resume.resume_from(ckpt_path)  # under DDP every rank then loads global rank 0's choice
+        if ckpt_path and cli.trainer.is_global_zero:  # verified and read once; what the start needs comes from this read
             start_ckpt = read_start_checkpoint(ckpt_path)
             continue_wandb_run(cli.trainer, saved_wandb_id(start_ckpt))  # before Lightning starts the wandb run
             console.continue_logs(cli.trainer, start_ckpt)  # CSV logs: the checkpoint's log directory
