@@ -186,6 +186,7 @@ class ResumeCallback(Checkpoint):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         STOP.install()  # replaces Lightning's SIGTERM handler: a signal now waits for the optimizer step
+        STOP.release_sigterm()  # held since start-up (python -m lit_minimind.fit), away from Lightning's handler
         self.schedule.saved()
         if self.resumed_from is not None:
             self.resume_records.update(resume_record(trainer, self.resumed_from))
