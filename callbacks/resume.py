@@ -31,6 +31,7 @@ from lit_minimind.resume.loop_state import loops_at
 from lit_minimind.resume.position import optimizer_steps, window_complete, world_size_change
 from lit_minimind.resume.rank_state import gather_rank_states
 from lit_minimind.resume.rng import set_rng_state
+from lit_minimind.resume.scaler import adopt_scaler_state
 
 
 class ResumeCallback(Checkpoint):
@@ -132,6 +133,7 @@ class ResumeCallback(Checkpoint):
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         """Lightning restored the data position (the DataModule's state); complete what a foreign
         checkpoint lacks (loop counters of an original MiniMind file or of a changed world size)."""
+        adopt_scaler_state(checkpoint, trainer.precision_plugin)  # written under another precision plugin
         datamodule = trainer.datamodule
         position, saved = getattr(datamodule, "position", None), getattr(datamodule, "saved_position", None)
         if position is None or saved is None:
