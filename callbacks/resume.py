@@ -9,6 +9,7 @@ DataModule's ``state_dict``, loop counters, optimizer, scaler, this callback's `
 
 from __future__ import annotations
 
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,7 @@ class ResumeCallback(Checkpoint):
         self._export: dict[str, torch.Tensor] | None = None
         self._last_saved: tuple[int, int] | None = None
         self._chosen_here: str | None = None
+        self.save_seconds: tuple[float, float | None] = (0.0, None)  # the last save: loop's wait, until committed
 
     # the CLI's --resume.* flags
     @property
@@ -257,9 +259,14 @@ class ResumeCallback(Checkpoint):
             wait()
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """The end of training waits for the write in flight, and reports it if it failed."""
+        """The end of training waits for the write in flight, reports it if it failed, and says how long
+        the last save took (a stop signal's grace period must be longer: README, Grace periods)."""
         self._wait_for_writes(trainer)
         self._raise_if_failed(trainer, self._take_io_error(trainer), self._in_flight)
+        blocked, total = self.save_seconds
+        if total is not None:
+            rank_zero_info(f"last save took {total:.2f} s until its files were committed (the training loop waited "
+                           f"{blocked:.2f} s); a stop signal's grace period must cover it and the step before it")
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self._wait_for_writes(trainer)  # what was saved before the error is complete on disk
@@ -293,16 +300,19 @@ class ResumeCallback(Checkpoint):
         self.wandb_id = wandb_run_id(trainer) or self.wandb_id
         stem = self.stem(pl_module)
         path = self.files.checkpoint(stem, epoch, step, trainer.global_step, self.run_id)
+        started = time.monotonic()
         self._begin_save(trainer, f"could not save the checkpoint at epoch {epoch + 1} step {step} ({path}, "
                          f"then {self.files.resume(stem)} and {self.files.export(stem)}); the files of earlier saves "
                          "are unchanged and --ckpt_path last picks the newest complete checkpoint")
         trainer.save_checkpoint(path, weights_only=False)
         io, export = trainer.strategy.checkpoint_io, self._export
         self._export = None
+        self.save_seconds = (time.monotonic() - started, None)  # (the loop's wait, until every file is written)
         if trainer.is_global_zero:
             def publish() -> None:
                 self.saved_files = self.files.publish(path, stem, export)
                 self.files.prune(stem, self.run_id)
+                self.save_seconds = (self.save_seconds[0], time.monotonic() - started)
             if isinstance(io, SafeCheckpointIO):
                 io.submit(publish)  # after the checkpoint's commit; skipped if that failed
             else:

@@ -5,6 +5,7 @@ step and exits 0 with one line; the resume is exact. Workers still end when thei
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -76,6 +77,7 @@ def assert_stopped_cleanly(run: Run, run_dir: Path, signame: str, accumulate: in
     assert "Traceback" not in run.stderr and "killed by signal" not in run.stderr, run.stderr[-3000:]
     stops = [line for line in run.stderr.splitlines() if f"stopped by {signame}" in line]
     assert len(stops) == 1, run.stderr[-3000:]
+    assert re.search(r"last save took \d+\.\d\d s until its files were committed", run.stderr)  # the grace it needs
     last_step = max(run.steps)
     assert last_step[1] % accumulate == 0, "must stop at an optimizer-step boundary"
     last = resolve_last(run_dir / "checkpoints", "pretrain_64")
