@@ -182,6 +182,14 @@ def main(args: list[str] | None = None) -> int:
     """Run the CLI on ``args`` (default ``sys.argv[1:]``); returns the exit code (2: a user error)."""
     STOP.install()  # a stop signal from here on is honoured (exit 0, nothing lost), even during start-up
     STOP.hold_sigterm()  # no Lightning SIGTERM handler (a broadcast under DDP) runs before training starts
+    try:
+        return run_fit(args)
+    finally:
+        STOP.release_sigterm()  # (training released it already, unless it never started)
+
+
+def run_fit(args: list[str] | None) -> int:
+    """:func:`main` once the stop signals are handled."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # Lightning 2.6's own use of a torch API that torch 2.13 deprecates: noise for our users
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
