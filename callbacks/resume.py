@@ -147,8 +147,15 @@ class ResumeCallback(Checkpoint):
         translated = saved_world != world or position.step != int(saved["step"])
         accumulate = trainer.accumulate_grad_batches
         if checkpoint.get("loops") is None or translated:
-            if checkpoint.get("global_step") is None:  # an original MiniMind file: count its optimizer steps
-                checkpoint["global_step"] = optimizer_steps(position, accumulate)
+            if checkpoint.get("global_step") is None or saved_world != world:
+                # an original MiniMind file, or steps of another world size: this world's optimizer steps up to
+                # the position, so --trainer.max_steps and the LR schedule count one kind of step
+                steps_here = optimizer_steps(position, accumulate)
+                if checkpoint.get("global_step") is not None and trainer.max_steps > 0:
+                    rank_zero_info(f"global step {checkpoint['global_step']} on {saved_world} → {steps_here} on {world} "
+                                   f"process(es); --trainer.max_steps {trainer.max_steps} counts optimizer steps of "
+                                   f"{world} process(es): training and its LR schedule end at step {trainer.max_steps}")
+                checkpoint["global_step"] = steps_here
             checkpoint["loops"] = loops_at(trainer.fit_loop.state_dict(), position, accumulate, checkpoint["global_step"])
         rank_zero_info(position.describe())
         source = (checkpoint.get("callbacks") or {}).get(self.state_key, {}).get("source_format", "lightning")
