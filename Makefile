@@ -32,8 +32,10 @@ test-slow: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m benchmarks.run_all
 
-# on a CUDA machine (a venv whose torch is a CUDA build): < 10 min on one H100/H200; ARGS=--quick: CPU smoke test
-bench-gpu: $(STAMP)
+# on a CUDA machine, with a prepared Python whose torch is a CUDA build (no install step):
+#   make bench-gpu PY=/path/to/python      (default .venv/bin/python)
+# one overall deadline of 8 min on one H100/H200, each child process <= 120 s; ARGS=--quick: CPU smoke test
+bench-gpu:
 	$(PY) -m benchmarks.bench_gpu $(ARGS)
 
 clean:

@@ -1,6 +1,8 @@
 """GPU benchmark (``make bench-gpu``): throughput and MFU, exact kill-and-resume, determinism, save stall.
 
-One prepared script for one CUDA GPU (H100/H200 class: under 10 minutes), MiniMind's pretraining
+One prepared script for one CUDA GPU (H100/H200 class): one overall deadline (8 minutes: what is not
+done by then is reported as not run, and the exit status is 1), each CLI child at most 120 s; run
+with a prepared CUDA environment, no install step (``make bench-gpu PY=/path/to/python``). MiniMind's pretraining
 shape (768x8, seq 340, batch 32, bf16-mixed) on synthetic data (pages of the embedded corpus
 joined into long texts, so every sequence is full), accumulation 1:
 
@@ -12,14 +14,15 @@ joined into long texts, so every sequence is full), accumulation 1:
     attention's own FLOPs are not counted). The timed window excludes the first batches
     (warm-up) and synchronizes the device at both ends.
 (b) **kill and resume, bit for bit**, with ``16-mixed`` (CUDA GradScaler) and with ``bf16-mixed``:
-    an uninterrupted run (300 steps, a save every 100) against one SIGKILLed right after its first
+    an uninterrupted run (200 steps, a save every 100) against one SIGKILLed right after its first
     checkpoint is committed (the test hook ``LIT_MINIMIND_TEST_STOP_AFTER_SAVE=1:.ckpt`` stops the
     process there, with an async save while training goes on; then SIGKILL) and resumed with
     ``--ckpt_path last``: the fp16 export ``out/{stem}.pth``, the resume checkpoint's
     ``state_dict`` and optimizer state, and the console lines must be identical.
 (c) **determinism**: a second uninterrupted bf16 run with the default ``--trainer.deterministic
-    warn`` must equal the first bit for bit (and so must one with ``--resume.async_save false``);
-    tokens/s with ``--trainer.deterministic false`` against the default, in (a)'s rotation.
+    true`` must equal the first bit for bit (and so must one with ``--resume.async_save false``);
+    tokens/s with ``--trainer.deterministic false`` against the default, in (a)'s rotation: the cost
+    of deterministic kernels.
 (d) **async save stall** at ``--resume.save_interval 100``: time the training loop is held by each
     save (device synchronized before and after it) with the default asynchronous save and with
     ``--resume.async_save false``; also the timed window's excess over (a)'s no-save step time,
@@ -111,11 +114,13 @@ class Spec:
     precisions: list[tuple[str, list[str]]] = field(default_factory=list)
     plain_precision: str = "bf16-mixed"
     jobs: int = 1  # (b)-(d) runs at once (GPU: 1, the stall is timed)
+    child_timeout_s: float = 120.0  # one CLI process at most
+    deadline_s: float = 480.0  # the whole benchmark: later children are not started, and reported as not run
 
 
 GPU = Spec("MiniMind pretrain 768x8", 768, 8, 340, 32, 1, 5e-4, "gpu",
            throughput_steps=200, warmup_batches=30, log_interval=100,
-           resume_steps=300, save_interval=100, resume_log_interval=10,
+           resume_steps=200, save_interval=100, resume_log_interval=10,
            num_workers=4, lines=12_800, reps=2,
            precisions=[("bf16-mixed", ["--trainer.precision", "bf16-mixed"]),
                        ("16-mixed", ["--trainer.precision", "16-mixed"])])
@@ -125,11 +130,26 @@ QUICK = Spec("quick 64x1 (CPU smoke test)", 64, 1, 32, 4, 1, 1e-3, "cpu",
              num_workers=0, lines=256, reps=1,
              precisions=[("32-true", ["--trainer.precision", "32-true"]),
                          ("16-mixed (CPUFloat16Mixed)", ["--trainer.plugins", "lit_minimind.model.precision.CPUFloat16Mixed"])],
-             plain_precision="32-true", jobs=2)
+             plain_precision="32-true", jobs=2, child_timeout_s=600.0, deadline_s=1800.0)
 
 
 class NoGPU(RuntimeError):
     pass
+
+
+class DeadlineReached(RuntimeError):
+    pass
+
+
+_LIMITS = {"deadline": float("inf"), "child_s": 600.0}  # set by run() from the Spec
+
+
+def child_timeout() -> float:
+    """Seconds the next CLI child may run: the per-child limit, or what is left of the overall deadline."""
+    left = _LIMITS["deadline"] - time.monotonic()
+    if left < 5:
+        raise DeadlineReached("not run: the benchmark's overall deadline was reached")
+    return min(_LIMITS["child_s"], left)
 
 
 # --------------------------------------------------------------------------- inputs
@@ -191,9 +211,12 @@ def child_env(warmup: int, **extra: str) -> dict[str, str]:
     return env
 
 
-def cli(args: list[str], work: Path, warmup: int = 1, kill_after_save: bool = False, timeout: float = 600) -> dict[str, Any]:
+def cli(args: list[str], work: Path, warmup: int = 1, kill_after_save: bool = False,
+        timeout: float | None = None) -> dict[str, Any]:
     """Run the CLI (through :mod:`benchmarks._gpu_probe`) in ``work``. ``kill_after_save``: the process
-    stops itself right after its first checkpoint is committed and is SIGKILLed there."""
+    stops itself right after its first checkpoint is committed and is SIGKILLed there. Killed after
+    ``timeout`` (default :func:`child_timeout`), which raises."""
+    timeout = child_timeout() if timeout is None else timeout
     work.mkdir(parents=True, exist_ok=True)
     env = child_env(warmup, **({"LIT_MINIMIND_TEST_STOP_AFTER_SAVE": "1:.ckpt"} if kill_after_save else {}))
     start = time.perf_counter()
@@ -221,6 +244,8 @@ def cli(args: list[str], work: Path, warmup: int = 1, kill_after_save: bool = Fa
         finally:
             watchdog.cancel()
     wall = time.perf_counter() - start
+    if wall >= timeout and stopped is None:
+        raise DeadlineReached(f"killed after {timeout:.0f} s (a child's limit or the overall deadline) in {work}")
     killed = stopped is not None and proc.returncode == -signal.SIGKILL
     if kill_after_save and not killed:
         raise RuntimeError(f"the run was to stop after its first save (exit {proc.returncode}):\n"
@@ -321,7 +346,7 @@ def throughput_phase(spec: Spec, data: Path, tok: Path, work: Path, reps: int, c
             torch.cuda.reset_peak_memory_stats()
         with quiet():
             r = plain_run(cfg, data, tok, device="cuda" if cuda else "cpu", precision=spec.plain_precision,
-                          num_workers=spec.num_workers, deterministic="warn")
+                          num_workers=spec.num_workers, deterministic=True)
         torch.use_deterministic_algorithms(False)
         peak_memory = int(torch.cuda.max_memory_allocated()) if cuda else None
         if cuda:
@@ -402,24 +427,40 @@ def exactness_phase(spec: Spec, data: Path, tok: Path, work: Path, jobs: int) ->
         return {"dir": d, "killed": killed, "resumed": resumed, "lines": lines,
                 "wall_s": killed["wall_s"] + resumed["wall_s"]}
 
-    tasks = {
+    tasks = {  # the most important first: what the deadline cuts off is reported as not run
         "main": lambda: uninterrupted("main", main_flags),
         "main_again": lambda: uninterrupted("main_again", main_flags),
-        "main_sync_save": lambda: uninterrupted("main_sync_save", main_flags, "--resume.async_save", "false"),
-        "fp16": lambda: uninterrupted("fp16", fp16_flags),
         "main_kill": lambda: kill_and_resume("main_kill", main_flags),
+        "fp16": lambda: uninterrupted("fp16", fp16_flags),
         "fp16_kill": lambda: kill_and_resume("fp16_kill", fp16_flags),
+        "main_sync_save": lambda: uninterrupted("main_sync_save", main_flags, "--resume.async_save", "false"),
     }
+
+    def guarded(name: str) -> dict[str, Any]:
+        try:
+            return tasks[name]()
+        except RuntimeError as err:  # a failed or timed-out child (DeadlineReached included)
+            return {"error": str(err).splitlines()[0][:500], "wall_s": 0.0}
+
     done: dict[str, dict[str, Any]] = {}
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {name: pool.submit(task) for name, task in tasks.items()}
+        futures = {name: pool.submit(guarded, name) for name in tasks}
         for name, future in futures.items():
             done[name] = future.result()
-            say(f"  [b-d: exactness, stall] {name}: done in {done[name]['wall_s']:.0f} s")
+            say(f"  [b-d: exactness, stall] {name}: " + (f"FAILED: {done[name]['error']}" if "error" in done[name]
+                                                          else f"done in {done[name]['wall_s']:.0f} s"))
+
+    def compared(ref: str, other: str) -> dict[str, Any]:
+        errors = [f"{n}: {done[n]['error']}" for n in (ref, other) if "error" in done[n]]
+        if errors:
+            return {"identical": False, "error": "; ".join(errors)}
+        return compare_runs(done[ref]["dir"], done[other]["dir"], stem, done[ref]["lines"], done[other]["lines"])
 
     def resume_check(ref: str, kr: str) -> dict[str, Any]:
-        r, k = done[ref], done[kr]
-        out = compare_runs(r["dir"], k["dir"], stem, r["lines"], k["lines"])
+        out = compared(ref, kr)
+        if "error" in out:
+            return out
+        k = done[kr]
         out["killed_after_save_at_step"] = saved_step(k["killed"]["stopped_after"])
         out["killed_at_last_console_step"] = max((int(key.split(":")[1]) for key in k["killed"]["lines"]), default=0)
         out["resumed_first_console_step"] = min((int(key.split(":")[1]) for key in k["resumed"]["lines"]), default=None)
@@ -427,16 +468,17 @@ def exactness_phase(spec: Spec, data: Path, tok: Path, work: Path, jobs: int) ->
 
     resume = {main_label: resume_check("main", "main_kill"), fp16_label: resume_check("fp16", "fp16_kill")}
     determinism = {
-        "two_uninterrupted_runs": compare_runs(done["main"]["dir"], done["main_again"]["dir"], stem,
-                                               done["main"]["lines"], done["main_again"]["lines"]),
-        "async_vs_sync_save": compare_runs(done["main"]["dir"], done["main_sync_save"]["dir"], stem,
-                                           done["main"]["lines"], done["main_sync_save"]["lines"]),
-        "deterministic_flags": {k: done["main"]["probe"][k] for k in ("deterministic", "deterministic_warn_only")},
+        "two_uninterrupted_runs": compared("main", "main_again"),
+        "async_vs_sync_save": compared("main", "main_sync_save"),
+        "deterministic_flags": ({k: done["main"]["probe"][k] for k in ("deterministic", "deterministic_warn_only")}
+                                if "error" not in done["main"] else None),
     }
-    ckpts = sorted((done["main"]["dir"] / "checkpoints").glob(f"{stem}_e*.ckpt"))
-    stall = {"runs": {name: done[name]["probe"] for name in ("main", "main_again", "main_sync_save")},
+    ckpts = sorted((work / "main" / "checkpoints").glob(f"{stem}_e*.ckpt"))
+    export = work / "main" / "out" / f"{stem}.pth"
+    stall = {"runs": {name: done[name]["probe"] for name in ("main", "main_again", "main_sync_save")
+                      if "error" not in done[name]},
              "checkpoint_bytes": ckpts[-1].stat().st_size if ckpts else None,
-             "export_bytes": (done["main"]["dir"] / "out" / f"{stem}.pth").stat().st_size}
+             "export_bytes": export.stat().st_size if export.exists() else None}
     for d in work.iterdir():
         shutil.rmtree(d, ignore_errors=True)
     return {"stem": stem, "steps": steps, "save_interval": interval, "resume": resume, "determinism": determinism,
@@ -448,7 +490,7 @@ def stall_summary(stall: dict[str, Any], base_s_per_batch: float, save_interval:
     out: dict[str, Any] = {}
     for mode, names in (("async", ("main", "main_again")), ("sync", ("main_sync_save",))):
         held, excess = [], []
-        for name in names:
+        for name in (n for n in names if n in stall["runs"]):
             p = stall["runs"][name]
             inside = [s for s in p["saves"] if p["window_start"] <= s["start"] <= p["window_end"]]
             held += [s["s"] for s in inside]
@@ -466,9 +508,18 @@ def stall_summary(stall: dict[str, Any], base_s_per_batch: float, save_interval:
 
 def render(payload: dict[str, Any]) -> str:
     a, ex = payload["throughput"], payload["exactness"]
+    out = [f"not run or failed: {e}" for e in payload.get("errors", [])]
+    if a is not None:
+        out += render_throughput(a)
+    if ex is not None:
+        out += render_exactness(payload, ex)
+    return "\n".join(out)
+
+
+def render_throughput(a: dict[str, Any]) -> list[str]:
     pct = lambda x: "–" if x is None else f"{100 * x:.1f} %"  # noqa: E731
     labels = {"plain": "plain PyTorch loop (deterministic, as the port's default)",
-              "port": "port: python -m lit_minimind.fit (default --trainer.deterministic warn)",
+              "port": "port: python -m lit_minimind.fit (default --trainer.deterministic true)",
               "port_nondeterministic": "port, --trainer.deterministic false"}
     rows = []
     for side, r in a["sides"].items():
@@ -485,9 +536,16 @@ def render(payload: dict[str, Any]) -> str:
            f"port / plain {a['port_over_plain']['median']:.3f}; --trainer.deterministic false / default "
            f"{a['nondeterministic_over_default']['median']:.3f}; Δ last loss port vs plain {a['last_loss_diff_port_plain']:.1e}",
            ""]
+    return out
+
+
+def render_exactness(payload: dict[str, Any], ex: dict[str, Any]) -> list[str]:
     yes = lambda b: "**yes**" if b else "**NO**"  # noqa: E731
     rows = []
     for label, r in ex["resume"].items():
+        if "error" in r:
+            rows.append([f"(b) kill + resume --ckpt_path last, {label}", yes(False), r["error"][:200]])
+            continue
         rows.append([f"(b) kill + resume --ckpt_path last, {label}", yes(r["identical"]),
                      f"SIGKILL after the save at step {r['killed_after_save_at_step']} (console at step "
                      f"{r['killed_at_last_console_step']}); export {yes(r['export_equal'])}, state_dict "
@@ -498,21 +556,25 @@ def render(payload: dict[str, Any]) -> str:
     for key, text in (("two_uninterrupted_runs", "(c) two uninterrupted runs, default deterministic"),
                       ("async_vs_sync_save", "(c) async vs --resume.async_save false")):
         r = d[key]
+        if "error" in r:
+            rows.append([text, yes(False), r["error"][:200]])
+            continue
         rows.append([text, yes(r["identical"]), f"export {yes(r['export_equal'])}, state_dict {yes(r['state_dict_equal'])}"
                      f", optimizer {yes(r['optimizer_equal'])}, max |Δ| {r['state_dict_max_abs_diff']}"])
-    out += [f"(b)/(c) bit-for-bit checks ({ex['steps']} steps, a save every {ex['save_interval']}):",
+    out = [f"(b)/(c) bit-for-bit checks ({ex['steps']} steps, a save every {ex['save_interval']}):",
             table(["check", "identical", "detail"], rows), ""]
     rows = []
-    for mode, s in payload["save_stall"].items():
+    for mode, s in (payload.get("save_stall") or {}).items():
         w = s["window_excess_per_save_s"]
         rows.append([mode, s["saves"], f"{s['held_s']['median']:.3f} ({s['held_s']['min']:.3f}–{s['held_s']['max']:.3f})",
                      f"{w['median']:.3f}" if w else "–", f"{100 * s['slowdown_at_interval']:.2f} %"])
-    out += [f"(d) save stall at --resume.save_interval {ex['save_interval']} (checkpoint "
-            f"{ex['stall']['checkpoint_bytes'] / 2**20:.0f} MiB + export {ex['stall']['export_bytes'] / 2**20:.0f} MiB; "
-            f"no-save step {payload['base_ms_per_batch']:.1f} ms):",
-            table(["save", "saves timed", "loop held per save s med (min–max)", "window excess per save s",
-                   f"held ÷ {ex['save_interval']} steps"], rows)]
-    return "\n".join(out)
+    if rows:
+        out += [f"(d) save stall at --resume.save_interval {ex['save_interval']} (checkpoint "
+                f"{(ex['stall']['checkpoint_bytes'] or 0) / 2**20:.0f} MiB + export "
+                f"{(ex['stall']['export_bytes'] or 0) / 2**20:.0f} MiB; no-save step {payload['base_ms_per_batch']:.1f} ms):",
+                table(["save", "saves timed", "loop held per save s med (min–max)", "window excess per save s",
+                       f"held ÷ {ex['save_interval']} steps"], rows)]
+    return out
 
 
 def run(quick: bool = False, results_dir: Path = RESULTS_DIR, reps: int | None = None, threads: int | None = None,
@@ -529,27 +591,33 @@ def run(quick: bool = False, results_dir: Path = RESULTS_DIR, reps: int | None =
     if not quick:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # the plain loop's deterministic cuBLAS (this process)
     start = time.perf_counter()
+    _LIMITS.update(deadline=time.monotonic() + spec.deadline_s, child_s=spec.child_timeout_s)
     _, tok = default_data()
     data = synthetic_jsonl(spec.lines)
     device = torch.cuda.get_device_name() if cuda and not quick else "CPU (--quick)"
     peak = peak_flops(device, peak_tflops) if not quick else None
     say(f"== GPU benchmark{' (--quick: CPU smoke test, not GPU results)' if quick else ''}: {spec.name} on {device} ==")
     work = Path(tempfile.mkdtemp(prefix="bench-gpu-", dir=cache_dir()))
+    a, ex, errors = None, None, []
     try:
-        a = throughput_phase(spec, data, tok, work, reps, cuda and not quick, peak, jobs)
+        try:
+            a = throughput_phase(spec, data, tok, work, reps, cuda and not quick, peak, jobs)
+        except RuntimeError as err:  # a failed or timed-out child: (b)-(d) still run, in what time is left
+            errors.append(f"(a) throughput: {str(err).splitlines()[0][:500]}")
         ex = exactness_phase(spec, data, tok, work, jobs)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    base = a["sides"]["port"]["ms_per_batch"] / 1000
+    base = a["sides"]["port"]["ms_per_batch"] / 1000 if a is not None else None
     payload = {
         "benchmark": "gpu", "quick": quick, "gpu_results": not quick, "reps": reps, "threads": threads, "jobs": jobs,
         "environment": {**environment(), "cuda": torch.version.cuda, "device": device},
         "data": rel(data), "tokenizer": rel(tok), "spec": asdict(spec),
-        "throughput": a, "exactness": ex, "base_ms_per_batch": 1000 * base,
-        "save_stall": stall_summary(ex["stall"], base, spec.save_interval),
-        "wall_s": time.perf_counter() - start,
+        "throughput": a, "exactness": ex, "base_ms_per_batch": 1000 * base if base else None,
+        "save_stall": stall_summary(ex["stall"], base, spec.save_interval) if base else None,
+        "wall_s": time.perf_counter() - start, "deadline_s": spec.deadline_s, "child_timeout_s": spec.child_timeout_s,
+        "errors": errors,
     }
-    payload["all_identical"] = all(r["identical"] for r in ex["resume"].values()) and all(
+    payload["all_identical"] = not errors and all(r["identical"] for r in ex["resume"].values()) and all(
         ex["determinism"][k]["identical"] for k in ("two_uninterrupted_runs", "async_vs_sync_save"))
     payload["table"] = render(payload)
     say(payload["table"])

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
@@ -76,13 +79,14 @@ def save_order_key(path: Path) -> tuple[int, bool]:
     return int(saved_at), path.suffix == ".ckpt"
 
 
-def resolve_last(ckpt_dir: str | Path, stem: str) -> Path | None:
+def resolve_last(ckpt_dir: str | Path, stem: str, verify: bool = True) -> Path | None:
     """The most recently saved valid resume checkpoint of ``stem`` in ``ckpt_dir``; ``None`` when there
     is none at all.
 
     Candidates: our checkpoints and MiniMind's ``{stem}_resume.pth`` (ours, or one written by original
     MiniMind). The newest save wins, as Lightning's own ``last`` does; a damaged file is skipped with a
     warning naming it and why. When files exist but none is usable it raises (never a silent fresh start).
+    ``verify=False``: the newest candidate, unread (what a DDP rank other than 0 looks at).
     """
     ckpt_dir = Path(ckpt_dir)
     candidates = list(ckpt_dir.glob(f"{stem}_e*_s*_g*.ckpt"))
@@ -91,6 +95,8 @@ def resolve_last(ckpt_dir: str | Path, stem: str) -> Path | None:
         candidates.append(minimind_resume)
     problems = []
     for path in sorted(candidates, key=save_order_key, reverse=True):
+        if not verify:
+            return path
         try:
             verify_checkpoint(path)
         except CheckpointError as err:
@@ -106,3 +112,43 @@ def resolve_last(ckpt_dir: str | Path, stem: str) -> Path | None:
             "(a fresh run does not overwrite them) or move them away."
         )
     return None
+
+
+def choose_checkpoint(flag: str | None, ckpt_dir: str | Path, stem: str, global_rank: int) -> str | None:
+    """``--ckpt_path`` as this process sees it before the DDP process group exists: global rank 0 turns
+    ``last`` into the newest valid file (reading it whole: CRC) or checks a given file; another rank only
+    looks whether there is one, without reading it: every rank loads rank 0's choice
+    (:func:`agree_on_checkpoint`). ``None``: start fresh."""
+    if not flag:
+        return None
+    if flag == "last":
+        found = resolve_last(ckpt_dir, stem, verify=global_rank == 0)
+        if found is None:
+            rank_zero_warn(f"--ckpt_path last: no checkpoint for {stem} in {ckpt_dir}/ yet; starting fresh")
+            return None
+        return str(found)
+    if not Path(flag).is_file():
+        raise CheckpointError(f"{flag}: no such checkpoint file (--ckpt_path)")
+    return flag
+
+
+def agree_on_checkpoint(trainer: Any, local: str | None) -> str | None:
+    """Every rank's checkpoint: global rank 0's ``local`` choice (one broadcast; call it on every rank
+    once the process group exists). Ranks that saw another file (a shared filesystem's stale cache, a
+    prune in between) say so and load rank 0's; ranks that disagree on whether there is a checkpoint
+    at all stop together with one line (a fresh start on some ranks and a resume on others would
+    silently diverge)."""
+    if trainer.world_size == 1:
+        return local
+    local = os.path.abspath(local) if local is not None else None  # ranks may run in other directories
+    chosen = trainer.strategy.broadcast(local, src=0)
+    differs = torch.tensor([float((chosen is None) != (local is None))], device=trainer.strategy.root_device)
+    if trainer.strategy.reduce(differs, reduce_op="max").item() > 0:
+        raise CheckpointError(
+            f"--ckpt_path: global rank 0 {'found no checkpoint' if chosen is None else f'chose {chosen}'}, but "
+            "another rank sees otherwise in its checkpoint directory; every rank must see the same files "
+            "(a shared filesystem still syncing?): run the same command again")
+    if local != chosen:
+        print(f"[rank {trainer.global_rank}] --ckpt_path: this rank saw {local} as the newest checkpoint; "
+              f"loading global rank 0's choice {chosen}", file=sys.stderr, flush=True)
+    return chosen

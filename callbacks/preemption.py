@@ -23,11 +23,19 @@ class StopRequest:
     One per process (:data:`STOP`): ``python -m lit_minimind.fit`` installs it first thing, so a
     signal during start-up is recorded too; :class:`callbacks.ResumeCallback` installs it again
     when training starts, replacing the SIGTERM handler Lightning registers just before.
+
+    A handler only records the signal (and prints one line); ranks agree at the next optimizer step.
+    Lightning's own SIGTERM handler, active from the end of restore until training starts, broadcasts
+    a tensor inside the handler under DDP (Lightning PR #20825): a SIGTERM reaching one rank there makes
+    its collectives mismatch the others' and hangs the job. :meth:`hold_sigterm` keeps SIGTERM away
+    from every Python handler over that stretch.
     """
 
     def __init__(self) -> None:
         self.signal_name: str | None = None
         self._previous: dict[int, Any] = {}
+        self._holding = False
+        self._waiter: threading.Thread | None = None
 
     @property
     def requested(self) -> bool:
@@ -49,6 +57,30 @@ class StopRequest:
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
         self._previous.clear()
+        self.release_sigterm()
+
+    def hold_sigterm(self) -> None:
+        """Until :meth:`release_sigterm`: SIGTERM blocked in this thread and every thread (and forked
+        DataLoader worker) started from it, and received by a thread of ours that records it. Call it
+        first thing in the process (main thread), before any other thread exists."""
+        if threading.current_thread() is not threading.main_thread() or self._holding:
+            return
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        self._holding = True
+        if self._waiter is None:
+            self._waiter = threading.Thread(target=self._wait_for_sigterm, name="stop-signal", daemon=True)
+            self._waiter.start()
+            os.register_at_fork(after_in_child=self.release_sigterm)  # a forked child owns its signals
+
+    def release_sigterm(self) -> None:
+        """SIGTERM reaches the Python handler again (call it once ours has replaced Lightning's)."""
+        if self._holding and threading.current_thread() is threading.main_thread():
+            self._holding = False
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+    def _wait_for_sigterm(self) -> None:
+        while True:
+            self._handle(signal.sigwait({signal.SIGTERM}), None)
 
     def agreed(self, trainer: Any) -> bool:
         """True when a stop was requested on any rank (a collective under DDP: call it on every rank)."""

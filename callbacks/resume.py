@@ -9,6 +9,7 @@ DataModule's ``state_dict``, loop counters, optimizer, scaler, this callback's `
 
 from __future__ import annotations
 
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import torch
 from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from callbacks.files import CheckpointFiles
+from callbacks.files import CheckpointFiles, agree_on_checkpoint
 from callbacks.preemption import STOP
 from callbacks.schedule import SaveSchedule
 from callbacks.wandb_run import describe_wandb_run, resume_record, wandb_run_id
@@ -31,6 +32,7 @@ from lit_minimind.resume.loop_state import loops_at
 from lit_minimind.resume.position import optimizer_steps, window_complete, world_size_change
 from lit_minimind.resume.rank_state import gather_rank_states
 from lit_minimind.resume.rng import set_rng_state
+from lit_minimind.resume.scaler import adopt_scaler_state
 
 
 class ResumeCallback(Checkpoint):
@@ -75,6 +77,8 @@ class ResumeCallback(Checkpoint):
         self._pending: dict[str, Any] | None = None  # RNG and partial gradients to apply at train start
         self._export: dict[str, torch.Tensor] | None = None
         self._last_saved: tuple[int, int] | None = None
+        self._chosen_here: str | None = None
+        self.save_seconds: tuple[float, float | None] = (0.0, None)  # the last save: loop's wait, until committed
 
     # the CLI's --resume.* flags
     @property
@@ -131,6 +135,7 @@ class ResumeCallback(Checkpoint):
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         """Lightning restored the data position (the DataModule's state); complete what a foreign
         checkpoint lacks (loop counters of an original MiniMind file or of a changed world size)."""
+        adopt_scaler_state(checkpoint, trainer.precision_plugin)  # written under another precision plugin
         datamodule = trainer.datamodule
         position, saved = getattr(datamodule, "position", None), getattr(datamodule, "saved_position", None)
         if position is None or saved is None:
@@ -142,8 +147,15 @@ class ResumeCallback(Checkpoint):
         translated = saved_world != world or position.step != int(saved["step"])
         accumulate = trainer.accumulate_grad_batches
         if checkpoint.get("loops") is None or translated:
-            if checkpoint.get("global_step") is None:  # an original MiniMind file: count its optimizer steps
-                checkpoint["global_step"] = optimizer_steps(position, accumulate)
+            if checkpoint.get("global_step") is None or saved_world != world:
+                # an original MiniMind file, or steps of another world size: this world's optimizer steps up to
+                # the position, so --trainer.max_steps and the LR schedule count one kind of step
+                steps_here = optimizer_steps(position, accumulate)
+                if checkpoint.get("global_step") is not None and trainer.max_steps > 0:
+                    rank_zero_info(f"global step {checkpoint['global_step']} on {saved_world} → {steps_here} on {world} "
+                                   f"process(es); --trainer.max_steps {trainer.max_steps} counts optimizer steps of "
+                                   f"{world} process(es): training and its LR schedule end at step {trainer.max_steps}")
+                checkpoint["global_step"] = steps_here
             checkpoint["loops"] = loops_at(trainer.fit_loop.state_dict(), position, accumulate, checkpoint["global_step"])
         rank_zero_info(position.describe())
         source = (checkpoint.get("callbacks") or {}).get(self.state_key, {}).get("source_format", "lightning")
@@ -166,17 +178,26 @@ class ResumeCallback(Checkpoint):
         return mine
 
     # ------------------------------------------------------------------ start
+    def resume_from(self, path: str | None) -> None:
+        """The checkpoint this rank chose before training (:func:`callbacks.files.choose_checkpoint`): at
+        setup every rank agrees on global rank 0's, the one ``trainer.fit(ckpt_path=path)`` then loads."""
+        self._chosen_here = path
+
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         STOP.install()  # before Lightning registers its SIGTERM handler, which then calls ours too
         io = trainer.strategy.checkpoint_io
+        chosen = agree_on_checkpoint(trainer, self._chosen_here)  # a collective under DDP, before restore
         if isinstance(io, SafeCheckpointIO):
             io.async_writes = self.async_save
+            if chosen is not None and not trainer.is_global_zero:
+                io.load_verified(chosen)  # rank 0's file; rank 0 checked its bytes
         else:
             rank_zero_warn("ResumeCallback: pass plugins=[lit_minimind.lightning_io.SafeCheckpointIO()] to the Trainer "
                            "for atomic, verified, asynchronous checkpoint files and MiniMind resume files")
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         STOP.install()  # replaces Lightning's SIGTERM handler: a signal now waits for the optimizer step
+        STOP.release_sigterm()  # held since start-up (python -m lit_minimind.fit), away from Lightning's handler
         self.schedule.saved()
         if self.resumed_from is not None:
             self.resume_records.update(resume_record(trainer, self.resumed_from))
@@ -245,9 +266,14 @@ class ResumeCallback(Checkpoint):
             wait()
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """The end of training waits for the write in flight, and reports it if it failed."""
+        """The end of training waits for the write in flight, reports it if it failed, and says how long
+        the last save took (a stop signal's grace period must be longer: README, Grace periods)."""
         self._wait_for_writes(trainer)
         self._raise_if_failed(trainer, self._take_io_error(trainer), self._in_flight)
+        blocked, total = self.save_seconds
+        if total is not None:
+            rank_zero_info(f"last save took {total:.2f} s until its files were committed (the training loop waited "
+                           f"{blocked:.2f} s); a stop signal's grace period must cover it and the step before it")
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self._wait_for_writes(trainer)  # what was saved before the error is complete on disk
@@ -281,16 +307,19 @@ class ResumeCallback(Checkpoint):
         self.wandb_id = wandb_run_id(trainer) or self.wandb_id
         stem = self.stem(pl_module)
         path = self.files.checkpoint(stem, epoch, step, trainer.global_step, self.run_id)
+        started = time.monotonic()
         self._begin_save(trainer, f"could not save the checkpoint at epoch {epoch + 1} step {step} ({path}, "
                          f"then {self.files.resume(stem)} and {self.files.export(stem)}); the files of earlier saves "
                          "are unchanged and --ckpt_path last picks the newest complete checkpoint")
         trainer.save_checkpoint(path, weights_only=False)
         io, export = trainer.strategy.checkpoint_io, self._export
         self._export = None
+        self.save_seconds = (time.monotonic() - started, None)  # (the loop's wait, until every file is written)
         if trainer.is_global_zero:
             def publish() -> None:
                 self.saved_files = self.files.publish(path, stem, export)
                 self.files.prune(stem, self.run_id)
+                self.save_seconds = (self.save_seconds[0], time.monotonic() - started)
             if isinstance(io, SafeCheckpointIO):
                 io.submit(publish)  # after the checkpoint's commit; skipped if that failed
             else:

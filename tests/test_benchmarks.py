@@ -232,7 +232,8 @@ def test_gpu_benchmark_quick_smoke(tmp_path: Path) -> None:
         assert r["global_step"] == [spec["resume_steps"]] * 2 and r["console_lines_compared"] == spec["resume_steps"]
     for key in ("two_uninterrupted_runs", "async_vs_sync_save"):
         assert ex["determinism"][key]["identical"], (key, ex["determinism"][key])
-    assert ex["determinism"]["deterministic_flags"] == {"deterministic": True, "deterministic_warn_only": True}
+    assert ex["determinism"]["deterministic_flags"] == {"deterministic": True, "deterministic_warn_only": False}
+    assert data["errors"] == [] and data["deadline_s"] > 0 and data["child_timeout_s"] > 0
     stall = data["save_stall"]
     assert set(stall) == {"async", "sync"}
     for mode in stall.values():

@@ -25,13 +25,13 @@ def test_deterministic_kernels_are_on_by_default(tmp_path: Path, monkeypatch: py
     monkeypatch.chdir(tmp_path)  # the in-process run below writes LightningCLI's config.yaml into the cwd
     run = run_cli(tmp_path, tiny_args(epochs=1) + ["--trainer.max_steps", "1", "--print_config"])
     assert run.returncode == 0, run.stderr[-2000:]
-    assert "deterministic: warn" in run.stdout
+    assert "  deterministic: true\n" in run.stdout
     from lit_minimind.cli.fit import main
 
     assert main(tiny_args(epochs=1) + ["--trainer.max_steps", "1", "--resume.ckpt_dir", str(tmp_path / "c"),
                                        "--resume.out_dir", str(tmp_path / "o"), "--trainer.logger", "false"]) == 0
     try:
-        assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+        assert torch.are_deterministic_algorithms_enabled() and not torch.is_deterministic_algorithms_warn_only_enabled()
     finally:
         torch.use_deterministic_algorithms(False)
 

@@ -25,7 +25,8 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from callbacks import MiniMindConsole, ResumeCallback, resolve_last
+from callbacks import MiniMindConsole, ResumeCallback
+from callbacks.files import choose_checkpoint
 from callbacks.preemption import LOST_PEER_EXIT, STOP, cluster_plugins, lost_peer_advice, requeue_if_preempted
 from callbacks.progress import MiniMindProgressBar
 from callbacks.wandb_run import continue_wandb_run
@@ -124,20 +125,18 @@ def sft_weight_default(config: Any, parser: Any, args: list[str]) -> None:
         rank_zero_print("SFT data: files named full_sft (MiniMind's train_full_sft.py; --resume.weight to change)")
 
 
-def resolve_ckpt_path(ckpt_path: str | None, resume: ResumeCallback, model: LitMiniMind) -> str | None:
-    """Turn ``last`` into a file (or ``None`` with a warning); check that a given file exists."""
-    if not ckpt_path:
+_NO_KERNEL = re.compile(r"(\S+) does not have a deterministic implementation")
+
+
+def nondeterministic_op(error: BaseException) -> str | None:
+    """One line for torch's error on an op without a deterministic kernel under
+    ``--trainer.deterministic true``; ``None`` for any other error."""
+    match = _NO_KERNEL.search(str(error)) if isinstance(error, RuntimeError) else None
+    if match is None:
         return None
-    if ckpt_path == "last":
-        stem = checkpoint_stem(resume.weight, model.config.hidden_size, model.config.use_moe)
-        found = resolve_last(resume.ckpt_dir, stem)
-        if found is None:
-            rank_zero_warn(f"--ckpt_path last: no checkpoint for {stem} in {resume.ckpt_dir}/ yet; starting fresh")
-            return None
-        return str(found)
-    if not Path(ckpt_path).is_file():
-        raise CheckpointError(f"{ckpt_path}: no such checkpoint file (--ckpt_path)")
-    return ckpt_path
+    return (f"{match.group(1)} has no deterministic kernel on this device, and --trainer.deterministic true "
+            "(the default, for a bit-exact resume) allows no other: rerun with --trainer.deterministic false "
+            "(faster; a resume then matches the uninterrupted run within floating-point noise, not bit for bit)")
 
 
 def summary(cli: MiniMindCLI, resume: ResumeCallback, console: MiniMindConsole, log_dir: str | None,
@@ -182,6 +181,15 @@ def rank_zero_print(line: str) -> None:
 def main(args: list[str] | None = None) -> int:
     """Run the CLI on ``args`` (default ``sys.argv[1:]``); returns the exit code (2: a user error)."""
     STOP.install()  # a stop signal from here on is honoured (exit 0, nothing lost), even during start-up
+    STOP.hold_sigterm()  # no Lightning SIGTERM handler (a broadcast under DDP) runs before training starts
+    try:
+        return run_fit(args)
+    finally:
+        STOP.release_sigterm()  # (training released it already, unless it never started)
+
+
+def run_fit(args: list[str] | None) -> int:
+    """:func:`main` once the stop signals are handled."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # Lightning 2.6's own use of a torch API that torch 2.13 deprecates: noise for our users
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
@@ -211,8 +219,10 @@ def main(args: list[str] | None = None) -> int:
         )
         resume = next(cb for cb in cli.trainer.callbacks if isinstance(cb, ResumeCallback))
         console = next(cb for cb in cli.trainer.callbacks if isinstance(cb, MiniMindConsole))
-        ckpt_path = resolve_ckpt_path(cli.config.get("ckpt_path"), resume, cli.model)
-        if ckpt_path:  # verified and read once; what the start needs comes from this read
+        stem = checkpoint_stem(resume.weight, cli.model.config.hidden_size, cli.model.config.use_moe)
+        ckpt_path = choose_checkpoint(cli.config.get("ckpt_path"), resume.ckpt_dir, stem, cli.trainer.global_rank)
+        resume.resume_from(ckpt_path)  # under DDP every rank then loads global rank 0's choice
+        if ckpt_path and cli.trainer.is_global_zero:  # verified and read once; what the start needs comes from this read
             start_ckpt = read_start_checkpoint(ckpt_path)
             continue_wandb_run(cli.trainer, saved_wandb_id(start_ckpt))  # before Lightning starts the wandb run
             console.continue_logs(cli.trainer, start_ckpt)  # CSV logs: the checkpoint's log directory
@@ -233,6 +243,10 @@ def main(args: list[str] | None = None) -> int:
         print(f"error: {name_origins(str(err), origins)}", file=sys.stderr)
         return 2
     except Exception as err:  # a DDP peer died or timed out: one line and exit 3, no hang, no traceback
+        no_kernel = nondeterministic_op(err)
+        if no_kernel is not None:
+            print(f"error: {no_kernel}", file=sys.stderr, flush=True)
+            return 2
         advice = lost_peer_advice(err)
         if advice is None:
             raise

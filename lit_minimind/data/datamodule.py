@@ -11,6 +11,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from lit_minimind.data.sampler import MINIMIND_SEED, EpochShardSampler, ResumableBatchSampler
+from lit_minimind.data.workers import worker_init_fn
 from lit_minimind.errors import CheckpointError, PositionError
 from lit_minimind.resume.position import DataPosition, position_here
 
@@ -213,6 +214,7 @@ class MiniMindDataModule(L.LightningDataModule):
             # its own generator: creating an iterator must not draw from the global RNG, which the
             # model (dropout) uses and whose state a checkpoint restores
             generator=torch.Generator().manual_seed(MINIMIND_SEED),
+            worker_init_fn=worker_init_fn(rank),  # workers ignore stop signals: this process saves and stops
         )
 
     def val_dataloader(self) -> DataLoader | list:
@@ -222,4 +224,6 @@ class MiniMindDataModule(L.LightningDataModule):
         sampler = None
         if trainer is not None and trainer.world_size > 1:  # each rank validates its share (val_loss: sync_dist)
             sampler = DistributedSampler(self.val_dataset, trainer.world_size, trainer.global_rank, shuffle=False)
-        return DataLoader(self.val_dataset, batch_size=self.batch_size, sampler=sampler, num_workers=self.num_workers)
+        rank = trainer.global_rank if trainer is not None else 0
+        return DataLoader(self.val_dataset, batch_size=self.batch_size, sampler=sampler, num_workers=self.num_workers,
+                          worker_init_fn=worker_init_fn(rank))

@@ -89,6 +89,7 @@ class SafeCheckpointIO(TorchCheckpointIO):
         self._futures: list[Future] = []
         self._snapshot = Snapshot()
         self._handed_over: tuple[str, dict[str, Any]] | None = None
+        self._chosen: str | None = None
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
         """Atomic write; an OSError is kept for :meth:`take_error` instead of raised, so that rank 0
@@ -147,11 +148,19 @@ class SafeCheckpointIO(TorchCheckpointIO):
         Lightning's restore takes it from here instead of reading the file again; released after."""
         self._handed_over = (os.path.abspath(path), ckpt)
 
+    def load_verified(self, path: str) -> None:
+        """The next :meth:`load_checkpoint` reads ``path`` instead of the path it is given, without
+        checking its bytes again: another rank verified the file (a DDP rank loads rank 0's choice)."""
+        self._chosen = path
+
     def load_checkpoint(self, path: Any, map_location: Any | None = None, weights_only: bool | None = None) -> dict[str, Any]:
         from lit_minimind.checkpoint.weights import to_lightning
 
         handed, self._handed_over = self._handed_over, None
-        if handed is not None and handed[0] == os.path.abspath(path) and map_location in (None, "cpu"):
+        chosen, self._chosen = self._chosen, None
+        if chosen is not None:  # global rank 0's choice, whose bytes rank 0 verified
+            ckpt = read_checkpoint(chosen, map_location or "cpu", verify=False)
+        elif handed is not None and handed[0] == os.path.abspath(path) and map_location in (None, "cpu"):
             ckpt = handed[1]
         else:
             ckpt = read_checkpoint(path, map_location or "cpu")

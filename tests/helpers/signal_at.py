@@ -15,15 +15,17 @@ class SignalAt(L.Callback):
     ``train_dataloader`` (after Lightning's handler registration, before training) or
     ``on_train_batch_start`` (during the first batch)."""
 
-    def __init__(self, phase: str, signame: str = "SIGTERM") -> None:
-        self.phase, self.signum, self.sent = phase, getattr(signal, signame), False
+    def __init__(self, phase: str, signame: str = "SIGTERM", rank: int | None = None) -> None:
+        self.phase, self.signum, self.sent, self.rank = phase, getattr(signal, signame), False, rank
+        self.global_rank = 0
 
     def _send(self, phase: str) -> None:
-        if phase == self.phase and not self.sent:
+        if phase == self.phase and not self.sent and self.rank in (None, self.global_rank):
             self.sent = True
             os.kill(os.getpid(), self.signum)
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self.global_rank = trainer.global_rank
         self._send("setup")
         if self.phase == "train_dataloader":
             make = trainer.datamodule.train_dataloader

@@ -1,0 +1,76 @@
+"""SIGTERM to DDP rank 1 alone, in each start-up phase of a resume (2 processes, gloo): no hang, every
+rank exits 0, one line; the run resumed afterwards ends exactly as the uninterrupted one. Lightning's
+own SIGTERM handler (active from the end of restore until training starts) broadcasts inside the
+handler; ``python -m lit_minimind.fit`` keeps SIGTERM away from it (``STOP.hold_sigterm``)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from conftest import need_shared, run_cli, tiny_args
+
+PHASES = ["setup", "on_load_checkpoint", "on_fit_start", "train_dataloader", "on_train_batch_start"]
+HANG_S = 240
+
+
+def config(*extra: str) -> list[str]:
+    return tiny_args(*extra, epochs=2, accumulate=2, save_interval=4, devices=2)  # 6 batches per rank and epoch
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    need_shared()
+    ref_dir = tmp_path_factory.mktemp("ref")
+    ref = run_cli(ref_dir, config())
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    return ref_dir, ref.steps
+
+
+def run_without_hanging(cwd: Path, args: list[str]):
+    """``run_cli``, but a run still going after ``HANG_S`` seconds is killed and fails the test."""
+    hung = threading.Event()
+
+    def kill_all() -> None:  # every process of the run: those working in its directory
+        hung.set()
+        for proc in psutil.process_iter(["cwd"]):
+            if proc.info["cwd"] and Path(proc.info["cwd"]) == cwd:
+                proc.kill()
+
+    timer = threading.Timer(HANG_S, kill_all)
+    timer.start()
+    try:
+        run = run_cli(cwd, args, timeout=HANG_S)
+    finally:
+        timer.cancel()
+    assert not hung.is_set(), f"a rank still ran after {HANG_S} s (a hang)"
+    return run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("phase", PHASES)
+def test_sigterm_to_rank_1_alone_during_start_up(tmp_path: Path, phase: str, reference: tuple[Path, dict]) -> None:
+    ref_dir, ref_steps = reference
+    first = run_cli(tmp_path, config(), kill_after_lines=9)  # epoch 2 step 3: epoch 1's end is committed
+    assert first.returncode == -9
+
+    signal_rank_1 = ["--trainer.callbacks+=tests.helpers.signal_at.SignalAt", f"--trainer.callbacks.phase={phase}",
+                     "--trainer.callbacks.signame=SIGTERM", "--trainer.callbacks.rank=1"]
+    stopped = run_without_hanging(tmp_path, config("--ckpt_path", "last", *signal_rank_1))
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    assert "Traceback" not in stopped.stderr
+    assert stopped.stdout.count("SIGTERM received") == 1  # rank 1's; rank 0 got none
+    assert len([line for line in stopped.stderr.splitlines() if "stopped by" in line]) == 1, stopped.stderr[-2000:]
+
+    done = run_cli(tmp_path, config("--ckpt_path", "last"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert max(done.steps) == max(ref_steps)
+    for run in (first, stopped, done):
+        for key, values in run.steps.items():
+            assert values == ref_steps[key], key
+    ref_w = torch.load(ref_dir / "out" / "pretrain_64.pth", weights_only=True)
+    got_w = torch.load(tmp_path / "out" / "pretrain_64.pth", weights_only=True)
+    assert all(torch.equal(ref_w[k], got_w[k]) for k in ref_w)
