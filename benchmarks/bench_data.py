@@ -46,30 +46,17 @@ from benchmarks.common import (
     say,
     set_threads,
     stats,
+    synthetic_jsonl,
     table,
     write_json,
 )
 
 FULL_RECORDS, QUICK_RECORDS = 1_270_238, 5_000
 CACHED_TARGET_S = 0.5
-WORDS = ("the model data token layer attention resume checkpoint step a of and in to is that for it with as was on "
-         "训练 数据 模型 语言 的 是 在 \"quoted\" tab\there line\nbreak back\\slash").split(" ")
-
-
 def generate(path: Path, records: int, seed: int = 1234) -> int:
-    """``records`` seeded ``{"text"}`` lines of 600-1,100 characters (slices at random offsets of an
-    8 MB seeded word soup: ASCII, CJK, quotes, tabs, newlines, backslashes); returns the file's bytes."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    soup = " ".join(np.array(WORDS, dtype=object)[rng.integers(0, len(WORDS), size=2_000_000)])
-    starts = rng.integers(0, len(soup) - 1100, size=records)
-    lengths = rng.integers(600, 1101, size=records)
-    with open(path, "w", encoding="utf-8") as f:
-        for first in range(0, records, 20_000):
-            f.write("".join(json.dumps({"text": soup[s:s + n]}, ensure_ascii=False) + "\n"
-                            for s, n in zip(starts[first:first + 20_000].tolist(), lengths[first:first + 20_000].tolist())))
-    return path.stat().st_size
+    """``records`` seeded ``{"text"}`` lines of 600-1,100 characters (MiniMind's pretraining records);
+    returns the file's bytes."""
+    return synthetic_jsonl(records, 600, 1100, seed, path=path).stat().st_size
 
 
 # ----------------------------------------------------------------------------- probes (fresh processes)

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
 import shutil
 import signal
@@ -57,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import (
+    CONSOLE_LINE_RE,
     RESULTS_DIR,
     ROOT,
     alternating,
@@ -70,10 +70,10 @@ from benchmarks.common import (
     say,
     set_threads,
     stats,
+    synthetic_jsonl,
     table,
     write_json,
 )
-from lit_minimind.checkpoint.atomic import atomic_open
 
 # dense (no sparsity) bf16 tensor-core peak by a substring of torch.cuda.get_device_name(); first match wins
 PEAK_BF16_FLOPS: list[tuple[str, float]] = [
@@ -83,8 +83,6 @@ PEAK_BF16_FLOPS: list[tuple[str, float]] = [
     ("H200", 989e12),
     ("A100", 312e12),
 ]
-LINE_RE = re.compile(r"Epoch:\[(\d+)/(\d+)\]\((\d+)/(\d+)\), loss: ([\d.]+), logits_loss: ([\d.]+), "
-                     r"aux_loss: ([\d.]+), lr: ([\d.]+)")
 NO_GPU = ("bench_gpu: no CUDA device (torch.cuda.is_available() is False); this benchmark needs one GPU "
           "(python -m benchmarks.bench_gpu --quick is its CPU smoke test)")
 
@@ -155,22 +153,9 @@ def child_timeout() -> float:
 # --------------------------------------------------------------------------- inputs
 
 
-def synthetic_jsonl(lines: int) -> Path:
-    """A pretrain jsonl of ``lines`` long texts (>= 2,400 characters: pages of the embedded corpus
-    joined at random, deterministically), so every sequence of 340 tokens is full. Built once."""
-    from lit_minimind.data.corpus import embedded_texts
-
-    path = cache_dir() / f"bench-gpu-{lines}-v1.jsonl"
-    if path.is_file():
-        return path
-    texts, rng = embedded_texts(), random.Random(7)
-    with atomic_open(path, "w") as f:
-        for _ in range(lines):
-            parts: list[str] = []
-            while sum(len(p) for p in parts) < 2400:
-                parts.append(rng.choice(texts))
-            f.write(json.dumps({"text": "\n\n".join(parts)}, ensure_ascii=False) + "\n")
-    return path
+def long_texts_jsonl(lines: int) -> Path:
+    """A pretrain jsonl of ``lines`` texts of 2,400-3,000 characters, so every sequence of 340 tokens is full."""
+    return synthetic_jsonl(lines, 2400, 3000, seed=7)
 
 
 def peak_flops(device: str, override_tflops: float | None = None) -> float | None:
@@ -237,7 +222,7 @@ def cli(args: list[str], work: Path, warmup: int = 1, kill_after_save: bool = Fa
                     _kill_group(proc.pid)  # the trainer and its data loader workers
                     break
                 tail = (tail + [line])[-20:]
-                m = LINE_RE.search(line)
+                m = CONSOLE_LINE_RE.search(line)
                 if m:
                     lines[f"{m[1]}:{m[3]}"] = [m[5], m[6], m[7], m[8]]
             proc.wait()
@@ -593,7 +578,7 @@ def run(quick: bool = False, results_dir: Path = RESULTS_DIR, reps: int | None =
     start = time.perf_counter()
     _LIMITS.update(deadline=time.monotonic() + spec.deadline_s, child_s=spec.child_timeout_s)
     _, tok = default_data()
-    data = synthetic_jsonl(spec.lines)
+    data = long_texts_jsonl(spec.lines)
     device = torch.cuda.get_device_name() if cuda and not quick else "CPU (--quick)"
     peak = peak_flops(device, peak_tflops) if not quick else None
     say(f"== GPU benchmark{' (--quick: CPU smoke test, not GPU results)' if quick else ''}: {spec.name} on {device} ==")

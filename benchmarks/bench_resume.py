@@ -19,8 +19,6 @@ without any checkpoint, for reference.
 from __future__ import annotations
 
 import os
-import random
-import re
 import shutil
 import signal
 import subprocess
@@ -32,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import (
+    CONSOLE_LINE_RE,
     RESULTS_DIR,
     ROOT,
     alternating,
@@ -45,13 +44,12 @@ from benchmarks.common import (
     say,
     set_threads,
     stats,
+    synthetic_jsonl,
     table,
     write_json,
 )
-from lit_minimind.checkpoint.atomic import atomic_open
 
 TARGET_RATIO = 1.1
-LINE_RE = re.compile(r"Epoch:\[(\d+)/(\d+)\]\((\d+)/(\d+)\), loss: ")
 FULL = {"lines": 1_000_000, "positions": ["fresh", 0, 10_000, 100_000], "reps": 5, "warmup": True}
 QUICK = {"lines": 20_000, "positions": [0, 100, 1_000], "reps": 1, "warmup": False}
 MODEL = {"hidden_size": 64, "num_hidden_layers": 2}
@@ -74,20 +72,8 @@ _WORDS = ("the of and to in a is that for it as was with be by on not he this ar
 
 
 def generate_jsonl(lines: int) -> Path:
-    """A pretrain jsonl of ``lines`` short texts (6-16 words), generated once, deterministically."""
-    path = cache_dir() / f"bench-resume-{lines}-v1.jsonl"
-    if path.is_file():
-        return path
-    rng = random.Random(1234)
-    with atomic_open(path, "w") as f:
-        chunk = []
-        for i in range(lines):
-            chunk.append(f'{{"text": "{i} {" ".join(rng.choices(_WORDS, k=rng.randint(6, 16)))}."}}\n')
-            if len(chunk) == 10_000:
-                f.write("".join(chunk))
-                chunk.clear()
-        f.write("".join(chunk))
-    return path
+    """A pretrain jsonl of ``lines`` short texts (40-110 characters), generated once, deterministically."""
+    return synthetic_jsonl(lines, 40, 110)
 
 
 def make_checkpoint(directory: Path, step: int) -> Path:
@@ -152,7 +138,7 @@ def run_once(args: list[str], work: Path, timeout: float = 600) -> dict[str, Any
                     info[key] = int(value)
                 continue
             tail = (tail + [line])[-40:]
-            m = LINE_RE.search(line)
+            m = CONSOLE_LINE_RE.search(line)
             if m:
                 first_line = time.monotonic()
                 info.update(epoch=int(m[1]), step=int(m[3]), iters=int(m[4]))

@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import platform
+import re
 import statistics
 import sys
 import warnings
@@ -17,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from lit_minimind.checkpoint.atomic import atomic_write_bytes
+from lit_minimind.checkpoint.atomic import atomic_open, atomic_write_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -179,3 +180,32 @@ def bench_parser(doc: str, reps_help: str) -> argparse.ArgumentParser:
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default 1)")
     return parser
+
+
+# MiniMind's console line (lit_minimind's console prints it unchanged): epoch, epochs, step, iters, loss,
+# logits_loss, aux_loss, lr
+CONSOLE_LINE_RE = re.compile(r"Epoch:\[(\d+)/(\d+)\]\((\d+)/(\d+)\), loss: ([\d.]+), logits_loss: ([\d.]+), "
+                             r"aux_loss: ([\d.]+), lr: ([\d.]+)")
+SOUP_WORDS = ("the model data token layer attention resume checkpoint step a of and in to is that for it with as was on "
+              "训练 数据 模型 语言 的 是 在 \"quoted\" tab\there line\nbreak back\\slash").split(" ")
+
+
+def synthetic_jsonl(records: int, min_chars: int, max_chars: int, seed: int = 1234, path: Path | None = None) -> Path:
+    """The benchmarks' one corpus generator: ``records`` seeded ``{"text"}`` lines of ``min_chars`` to
+    ``max_chars`` characters, slices at random offsets of a seeded word soup (ASCII, CJK, quotes, tabs,
+    newlines, backslashes). Written atomically to ``path``, or once into the cache directory."""
+    import numpy as np
+
+    if path is None:
+        path = cache_dir() / f"bench-soup-{records}-{min_chars}-{max_chars}-{seed}-v1.jsonl"
+        if path.is_file():
+            return path
+    rng = np.random.default_rng(seed)
+    soup = " ".join(np.array(SOUP_WORDS, dtype=object)[rng.integers(0, len(SOUP_WORDS), size=max(2_000_000, max_chars))])
+    starts = rng.integers(0, len(soup) - max_chars, size=records)
+    lengths = rng.integers(min_chars, max_chars + 1, size=records)
+    with atomic_open(path, "w") as f:
+        for first in range(0, records, 20_000):
+            f.write("".join(json.dumps({"text": soup[s:s + n]}, ensure_ascii=False) + "\n"
+                            for s, n in zip(starts[first:first + 20_000].tolist(), lengths[first:first + 20_000].tolist())))
+    return path
