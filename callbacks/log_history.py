@@ -80,20 +80,25 @@ class LogHistory:
         self._csv_logs = [{"root_dir": str(lg.root_dir), "version": lg.version}
                           for lg in trainer.loggers if isinstance(lg, CSVLogger)]
 
-    def continue_logs(self, trainer: L.Trainer, ckpt: dict[str, Any]) -> None:
+    def continue_logs(self, trainer: L.Trainer, ckpt: dict[str, Any], csv_args: list[dict[str, Any]]) -> None:
         """Before ``trainer.fit(ckpt_path=...)``, while the loggers have not started: every CSV logger
         without a version of your choice continues the log directory of the checkpoint's run, its
-        ``metrics.csv`` cut back to the rows logged up to the checkpoint (the rest is trained again)."""
+        ``metrics.csv`` cut back to the rows logged up to the checkpoint (the rest is trained again).
+
+        ``csv_args``: the constructor arguments of the run's CSV loggers, in order (from its config); a
+        continued logger is built again with the checkpoint's ``version`` (its public argument) and
+        replaces the one that was never started in ``trainer.loggers``."""
         from lightning.fabric.loggers import CSVLogger
 
         state, global_step = callback_state(ckpt, CONSOLE_STATE_KEY), ckpt.get("global_step")
-        csv_loggers = [lg for lg in trainer.loggers if isinstance(lg, CSVLogger)]
-        for logger, saved in zip(csv_loggers, state.get("csv_logs") or []):
-            if getattr(logger, "_experiment", None) is not None or getattr(logger, "_version", None) is not None:
-                continue  # started already, or a version you chose: Lightning's behaviour
-            if os.path.normpath(str(logger.root_dir)) != os.path.normpath(str(saved.get("root_dir"))):
+        loggers = list(trainer.loggers)
+        positions = [i for i, lg in enumerate(loggers) if isinstance(lg, CSVLogger)]
+        for i, args, saved in zip(positions, csv_args, state.get("csv_logs") or []):
+            if args.get("version") is not None:
+                continue  # a version you chose: Lightning's behaviour
+            if os.path.normpath(str(loggers[i].root_dir)) != os.path.normpath(str(saved.get("root_dir"))):
                 continue  # logs go elsewhere now: a new version there
-            logger._version = saved["version"]  # CSVLogger has no public setter; its constructor argument
+            logger = loggers[i] = type(loggers[i])(**{**args, "version": saved["version"]})
             if rank_zero_only.rank != 0:
                 continue
             kept, dropped = continue_metrics_csv(logger, int(state.get("micro_step") or 0),
@@ -101,6 +106,7 @@ class LogHistory:
             self._complete_loggers.add(id(logger))
             rank_zero_info(f"logs: continuing {logger.log_dir} (metrics.csv: {kept} rows up to micro_step "
                            f"{state.get('micro_step')}" + (f"; {dropped} later rows dropped, trained again)" if dropped else ")"))
+        trainer.loggers = loggers
 
     def replay(self, trainer: L.Trainer) -> None:
         """The restored rows, logged again (identical values) to every logger that may have lost them."""

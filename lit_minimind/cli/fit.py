@@ -103,6 +103,14 @@ class MiniMindCLI(LightningCLI):
             raise UsageError(str(err).strip().splitlines()[0]) from None
 
 
+def csv_logger_args(config: Any) -> list[dict[str, Any]]:
+    """The constructor arguments of the configured CSV loggers (``--trainer.logger``), in order."""
+    specs = config.get("trainer.logger")
+    specs = specs if isinstance(specs, list) else [specs]
+    return [dict(spec.get("init_args") or {}) for spec in specs
+            if hasattr(spec, "get") and str(spec.get("class_path") or "").endswith("CSVLogger")]
+
+
 def sft_weight_default(config: Any, parser: Any, args: list[str]) -> None:
     """On SFT data, files are named ``full_sft`` (MiniMind's ``train_full_sft.py``), not ``pretrain``,
     unless ``--resume.weight`` (``--save_weight``, a ``--config``) names them; so a fine-tune never
@@ -225,7 +233,7 @@ def run_fit(args: list[str] | None) -> int:
         if ckpt_path and cli.trainer.is_global_zero:  # verified and read once; what the start needs comes from this read
             start_ckpt = read_start_checkpoint(ckpt_path)
             continue_wandb_run(cli.trainer, saved_wandb_id(start_ckpt))  # before Lightning starts the wandb run
-            console.continue_logs(cli.trainer, start_ckpt)  # CSV logs: the checkpoint's log directory
+            console.continue_logs(cli.trainer, start_ckpt, csv_logger_args(cli.config))  # the checkpoint's log directory
             if isinstance(cli.trainer.strategy.checkpoint_io, SafeCheckpointIO):  # Lightning's restore reads no file
                 cli.trainer.strategy.checkpoint_io.hand_over(ckpt_path, start_ckpt)
             del start_ckpt
