@@ -21,7 +21,7 @@ def mark(event: str, extra: str = "") -> None:
 def install() -> None:
     import lit_minimind.data.dataset as dataset
     import lit_minimind.data.sampler as sampler
-    import lit_minimind.lightning_io as lightning_io
+    import lit_minimind.resume.io as lightning_io
     from callbacks.console import MiniMindConsole
 
     def timed(module: object, name: str, event: str) -> None:
@@ -37,7 +37,7 @@ def install() -> None:
         setattr(module, name, wrapper)
 
     timed(dataset, "record_offsets", "scan")  # JsonlRecords.__init__ calls it by module global (the cached index)
-    timed(lightning_io, "read_checkpoint", "ckpt_read")  # SafeCheckpointIO.load_checkpoint, likewise
+    timed(lightning_io, "read_checkpoint", "ckpt_read")  # read_start_checkpoint, likewise
     timed(sampler, "epoch_permutation", "permutation")  # EpochShardSampler.__iter__, likewise
 
     reads = [0]

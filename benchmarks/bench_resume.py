@@ -2,7 +2,7 @@
 
 A 1M-line pretrain jsonl of short texts is generated once into the cache dir. For each
 position ``K`` (batches already trained in epoch 1) a MiniMind-format resume checkpoint is
-written with :func:`lit_minimind.checkpoint.save_resume_checkpoint` from a small model whose
+written with :func:`lit_minimind.resume.library.save_resume_checkpoint` from a small model whose
 optimizer has taken one step, and the real CLI (``lit_minimind.fit.main``, through
 :mod:`benchmarks._fit_probe`, which only adds timestamps) is started in a subprocess with
 ``--ckpt_path <file> --log_interval 1``. The time is measured from just before the process is

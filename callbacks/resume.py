@@ -45,7 +45,7 @@ class ResumeCallback(Checkpoint):
     also MiniMind's resume dict: the commit record), ``{ckpt_dir}/{stem}_resume.pth`` (a hard link
     to it) and ``{out_dir}/{stem}.pth`` (fp16 weights). ``stem`` is ``{weight}_{hidden}{_moe}``.
 
-    Needs :class:`lit_minimind.lightning_io.SafeCheckpointIO` in ``Trainer(plugins=[...])``
+    Needs :class:`lit_minimind.resume.io.SafeCheckpointIO` in ``Trainer(plugins=[...])``
     (``python -m lit_minimind.fit`` adds it) to write atomically and read MiniMind's files.
 
     Args:
@@ -192,7 +192,7 @@ class ResumeCallback(Checkpoint):
             if chosen is not None and not trainer.is_global_zero:
                 io.load_verified(chosen)  # rank 0's file; rank 0 checked its bytes
         else:
-            rank_zero_warn("ResumeCallback: pass plugins=[lit_minimind.lightning_io.SafeCheckpointIO()] to the Trainer "
+            rank_zero_warn("ResumeCallback: pass plugins=[lit_minimind.resume.io.SafeCheckpointIO()] to the Trainer "
                            "for atomic, verified, asynchronous checkpoint files and MiniMind resume files")
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

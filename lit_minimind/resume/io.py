@@ -1,5 +1,5 @@
 """Lightning's ``CheckpointIO`` plugin (``Trainer(plugins=[...])``): every write atomic and checksummed
-(:func:`lit_minimind.checkpoint.atomic_save`), optionally in a background thread from a snapshot; every
+(:func:`lit_minimind.checkpoint.atomic.atomic_save`), optionally in a background thread from a snapshot; every
 read ``weights_only`` and verified; original MiniMind ``_resume.pth`` files read too, converted by
 :func:`lit_minimind.checkpoint.weights.to_lightning`.
 """
