@@ -1,4 +1,5 @@
-"""MiniMind's ``trainer/train_pretrain.py`` flags, translated into the port's own flags.
+"""MiniMind's ``trainer/train_pretrain.py`` flags (and those of ``train_full_sft.py``, ``train_lora.py``:
+``--lora_name``, ``train_dpo.py``: ``--beta``), translated into the port's own flags.
 
 ``python -m lit_minimind.fit --epochs 2 --batch_size 32 --from_resume 1`` means what it means
 in MiniMind; MiniMind's and the port's flags mix freely (later ones win, as in argparse).
@@ -28,10 +29,13 @@ SIMPLE = {
     "max_seq_len": "--data.max_seq_len",
     "data_path": "--data.data_path",
     "tokenizer_path": "--data.tokenizer_path",
+    "beta": "--model.beta",
 }
 DTYPES = {"bfloat16": "bf16-mixed", "float16": "16-mixed", "float32": "32-true"}
 SAME = ["log_interval", "from_weight"]  # the port's flags too: they pass through
-MINIMIND_FLAGS = [*SIMPLE, *SAME, "device", "dtype", "use_moe", "from_resume", "use_wandb", "wandb_project", "use_compile"]
+MINIMIND_FLAGS = [*SIMPLE, *SAME, "device", "dtype", "use_moe", "from_resume", "use_wandb", "wandb_project", "use_compile",
+                  "lora_name"]
+LORA_RANK = "16"  # MiniMind's apply_lora(model, rank=16)
 WANDB_PROJECT = "MiniMind-Pretrain"  # MiniMind's default --wandb_project
 
 
@@ -71,9 +75,12 @@ def _device(value: str) -> list[str]:
     raise UsageError(f"--device must be cpu, cuda or cuda:N (got {value!r})")
 
 
-def _translate_one(flag: str, value: str, wandb_project: str, compile_supported: bool, notes: list[str]) -> list[str]:
+def _translate_one(flag: str, value: str, wandb_project: str, compile_supported: bool, notes: list[str],
+                   rank_given: bool = False) -> list[str]:
     if flag in SIMPLE:
         return [SIMPLE[flag], value]
+    if flag == "lora_name":  # train_lora.py: its files' name, and LoRA itself (unless a rank is given)
+        return ["--resume.weight", value, *([] if rank_given else ["--model.lora_rank", LORA_RANK])]
     if flag == "dtype":
         return ["--trainer.precision", _choice(flag, value, {k: [v] for k, v in DTYPES.items()})[0]]
     if flag == "device":
@@ -128,7 +135,8 @@ def translate(argv: list[str], compile_supported: bool = False) -> Translation:
             out.args.append(it)
             continue
         flag, value = it
-        port = _translate_one(flag, value or "", project, compile_supported, out.notes)
+        rank_given = any(a.split("=", 1)[0] == "--model.lora_rank" for a in argv)
+        port = _translate_one(flag, value or "", project, compile_supported, out.notes, rank_given)
         out.args += port
         nothing = {"wandb_project": "(the project of --use_wandb)" if has_wandb else "(unused without --use_wandb)",
                    "use_compile": "(not supported yet)" if value == "1" else "(off)"}.get(flag, "(nothing: start fresh)")
