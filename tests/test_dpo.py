@@ -6,6 +6,7 @@ Fixtures: ``../shared/minimind/post`` (MiniMind commit d65ef2c, 64x2 model, CPU,
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from conftest import MINIMIND, TOKENIZER, need_shared
 
 POST = MINIMIND / "post"
 DPO_JSONL = POST / "dpo.jsonl"
+SFT_EXPORT = MINIMIND / "sft" / "out__full_sft_64.pth"
 
 
 @pytest.mark.parametrize("max_length", [128, 384])
@@ -73,3 +75,149 @@ def test_embedded_pairs_are_dpo_records() -> None:
     for i, pair in enumerate(pairs):
         check_dpo_record(pair, f"pair {i}")
         assert pair["chosen"][0] == pair["rejected"][0] and pair["chosen"][1] != pair["rejected"][1]
+
+
+# ----------------------------------------------------------------------------- training
+from conftest import run_cli  # noqa: E402
+from test_lora import RUNS, assert_steps, minimind_argv, minimind_model, start_from_sft  # noqa: E402
+
+
+def test_minimind_dpo_argv_reproduces_its_run_and_minimind_loads_the_export(tmp_path: Path) -> None:
+    need_shared()
+    start_from_sft(tmp_path)
+    run = run_cli(tmp_path, minimind_argv("dpo_full"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "--beta 0.15 -> --model.beta 0.15" in run.stdout
+    assert (tmp_path / "out" / "dpo_64.pth").is_file()
+    assert_steps(run.steps, RUNS["dpo_full"]["steps"], "dpo_loss")
+    assert "dpo_loss: 0.6931, aux_loss: 0.0000, learning_rate: 0.00000993, epoch_time: 0.000min" in run.stdout
+
+    export = torch.load(tmp_path / "out" / "dpo_64.pth", weights_only=True)
+    original = torch.load(POST / "out__dpo_64.pth", weights_only=True)
+    assert list(export) == list(original)
+    for key, value in original.items():
+        assert export[key].dtype == torch.float16
+        assert torch.allclose(export[key].float(), value.float(), atol=2e-3, rtol=0), key
+    resume = torch.load(tmp_path / "checkpoints" / "dpo_64_resume.pth", weights_only=True)
+    model = minimind_model()
+    model.load_state_dict(export, strict=True)  # eval_llm.py / --from_weight dpo
+    model.load_state_dict(resume["model"], strict=True)  # train_dpo.py --from_resume 1
+    torch.optim.AdamW(model.parameters(), lr=1e-5).load_state_dict(resume["optimizer"])
+    # the reference is in no checkpoint (policy keys only), its start file is recorded
+    assert set(resume["state_dict"]) == {f"model.{k}" for k in export}
+    assert resume["start_weights"]["path"] == "out/full_sft_64.pth"
+
+    # what preference trainers log, per micro-batch, beside MiniMind's numbers
+    import csv
+
+    rows = list(csv.DictReader(open(next(tmp_path.glob("lightning_logs/version_*/metrics.csv")))))
+    logged = [r for r in rows if r.get("dpo_loss")]
+    assert len(logged) == 18
+    first = logged[0]
+    assert float(first["rewards/chosen"]) == 0.0 and float(first["rewards/margin"]) == 0.0  # policy == reference
+    last = logged[-1]
+    assert float(last["rewards/margin"]) > 0 and 0.0 <= float(last["rewards/accuracy"]) <= 1.0
+    assert abs(float(last["rewards/chosen"]) - float(last["rewards/rejected"]) - float(last["rewards/margin"])) < 1e-5
+
+
+def test_from_resume_continues_minimind_dpo_file(tmp_path: Path) -> None:
+    need_shared()
+    start_from_sft(tmp_path)
+    (tmp_path / "checkpoints").mkdir()
+    shutil.copy(POST / "checkpoints__dpo_64_resume.e0s5.pth", tmp_path / "checkpoints" / "dpo_64_resume.pth")
+    run = run_cli(tmp_path, minimind_argv("dpo_resumed"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "resuming epoch 1 at step 6/9: skipping 5 trained batches" in run.stderr
+    assert_steps(run.steps, RUNS["dpo_resumed"]["steps"], "dpo_loss")
+
+
+def tiny_dpo_args(*extra: str) -> list[str]:
+    return ["--data.data_path", str(DPO_JSONL), "--data.tokenizer_path", str(TOKENIZER),
+            "--model.hidden_size", "64", "--model.num_hidden_layers", "2", "--data.max_seq_len", "128",
+            "--data.batch_size", "4", "--model.learning_rate", "1e-4", "--trainer.accumulate_grad_batches", "2",
+            "--trainer.max_epochs", "2", "--trainer.accelerator", "cpu", "--trainer.devices", "1",
+            "--log_interval", "1", "--resume.save_interval", "3", "--trainer.enable_progress_bar", "false",
+            "--trainer.enable_model_summary", "false", *extra]
+
+
+@pytest.mark.parametrize("moe", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_kill_anywhere_dpo(tmp_path: Path, moe: bool) -> None:
+    """SIGKILLed after random console lines and inside saves (mid accumulation window), resumed with
+    --ckpt_path last: the reference is rebuilt from --from_weight and the per-step losses and final
+    weights are those of a run never interrupted, bit for bit (MoE: the aux loss too)."""
+    import random
+
+    from test_resume_exact import assert_same_tensors, run_until_done
+
+    need_shared()
+    ref_dir, kill_dir = tmp_path / "ref", tmp_path / "killed"
+    start = str(SFT_EXPORT) if not moe else "none"
+    extra = ["--from_weight", start, "--data.empty_think_ratio", "0.2"]
+    if moe:  # a DPO run from a MoE SFT model of our own, made first
+        sft = run_cli(ref_dir, ["--data.data_path", str(MINIMIND / "sft" / "sft.jsonl"), "--data.tokenizer_path",
+                                str(TOKENIZER), "--model.hidden_size", "64", "--model.num_hidden_layers", "2",
+                                "--model.use_moe", "true", "--data.max_seq_len", "64", "--data.batch_size", "8",
+                                "--trainer.max_steps", "2", "--trainer.enable_progress_bar", "false"])
+        assert sft.returncode == 0, sft.stderr[-3000:]
+        shutil.copy(ref_dir / "out" / "full_sft_64_moe.pth", tmp_path / "moe_sft.pth")
+        extra[1] = str(tmp_path / "moe_sft.pth")
+        extra += ["--model.use_moe", "true"]
+    args = tiny_dpo_args(*extra)
+    kill_dir.mkdir(parents=True, exist_ok=True)
+    ref_dir.mkdir(parents=True, exist_ok=True)
+    ref = run_cli(ref_dir, args)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    assert len(ref.steps) == 18
+    runs = run_until_done(kill_dir, args, random.Random(f"kill-dpo-{moe}"), kills=3, total_lines=18)
+    assert len(runs) >= 2, "no kill happened"
+    seen: dict = {}
+    for run in runs:
+        for key, values in run.steps.items():
+            assert values == ref.steps[key], f"step {key}: {values} != uninterrupted {ref.steps[key]}"
+            seen[key] = values
+    assert seen.keys() == ref.steps.keys(), "some steps were never trained"
+    suffix = "_moe" if moe else ""
+    for name in (f"out/dpo_64{suffix}.pth", f"checkpoints/dpo_64{suffix}_resume.pth"):
+        ref_state, state = (torch.load(d / name, weights_only=True) for d in (ref_dir, kill_dir))
+        if "state_dict" in ref_state:
+            ref_state, state = ref_state["state_dict"], state["state_dict"]
+        assert_same_tensors(state, ref_state)
+
+
+def test_dpo_resume_refuses_a_changed_reference_and_needs_one(tmp_path: Path) -> None:
+    need_shared()
+    start_from_sft(tmp_path)
+    args = tiny_dpo_args("--from_weight", "full_sft", "--trainer.max_steps", "1")
+    first = run_cli(tmp_path, args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    weights = torch.load(tmp_path / "out" / "full_sft_64.pth", weights_only=True)
+    weights["model.norm.weight"] = weights["model.norm.weight"] + 1
+    torch.save(weights, tmp_path / "out" / "full_sft_64.pth")
+    again = run_cli(tmp_path, [*args[:-2], "--trainer.max_steps", "2", "--ckpt_path", "last"])
+    assert again.returncode == 2
+    assert "(the reference model) changed since the checkpoint was written" in again.stderr.strip().splitlines()[-1]
+    none = run_cli(tmp_path, tiny_dpo_args("--from_weight", "none", "--trainer.max_steps", "1"))
+    assert none.returncode == 2
+    assert none.stderr.strip().splitlines()[-1] == (
+        "error: DPO needs --from_weight: the frozen reference model is built from it (MiniMind: full_sft)")
+
+
+def test_reference_is_outside_the_module() -> None:
+    """Not a parameter, buffer or state of the LightningModule (so DDP neither wraps nor broadcasts it,
+    no optimizer or checkpoint holds it); frozen, no gradients."""
+    need_shared()
+    from lit_minimind.model.module import LitMiniMind
+
+    module = LitMiniMind(hidden_size=64, num_hidden_layers=2, objective="dpo")
+    module.model.load_state_dict(torch.load(SFT_EXPORT, weights_only=True))  # what --from_weight does
+    module.use_start_weights(SFT_EXPORT)
+    module.reference = module._build_reference(str(SFT_EXPORT), module.start_weights["sha256"])
+    n_params = sum(1 for _ in module.parameters())
+    assert n_params == sum(1 for _ in module.model.parameters())
+    assert not any(k.startswith("reference") for k in module.state_dict())
+    assert not any(p.requires_grad for p in module.reference.model.parameters())
+    batch = {k: v[:2] for k, v in torch.load(POST / "dpo_dataset_expected.pth")["len128"].items()}
+    loss, stats = module.dpo_step(batch)
+    loss.backward()
+    assert all(p.grad is None for p in module.reference.model.parameters())
+    assert abs(float(stats["dpo_loss"]) - 0.6931) < 1e-4  # policy == reference: -log sigmoid(0)
