@@ -197,3 +197,42 @@ def test_adapters_follow_minimind_and_merge() -> None:
     plain = minimind_model()
     plain.load_state_dict({k: v.float() for k, v in merged.items()})
     assert torch.allclose(plain(x).logits, model(x).logits, atol=5e-2)
+
+
+def test_merge_lora_and_generate_with_the_adapters(tmp_path: Path) -> None:
+    """MiniMind's outputs: its SFT export + its LoRA adapters merge into one fp16 file, MiniMind's
+    merge_lora formula; generate --lora (unmerged) answers as the merged file does."""
+    import subprocess
+    import sys
+
+    from conftest import cli_env
+    from lit_minimind.model.lora import load_lora
+
+    need_shared()
+    out = tmp_path / "merged.pth"
+    merge = subprocess.run([sys.executable, "-m", "lit_minimind.merge_lora", str(SFT_EXPORT), str(POST / "out__lora_tutor_64.pth"),
+                            "--out", str(out)], env=cli_env(), capture_output=True, text=True, timeout=120)
+    assert merge.returncode == 0, merge.stderr[-2000:]
+    assert "merged 4 LoRA adapters" in merge.stdout
+    merged = torch.load(out, weights_only=True)
+    base = torch.load(SFT_EXPORT, weights_only=True)
+    assert set(merged) == set(base) and all(v.dtype == torch.float16 for v in merged.values())
+    model = minimind_model(lora=True)
+    model.load_state_dict(base, strict=False)
+    load_lora(model, torch.load(POST / "out__lora_tutor_64.pth", weights_only=True))
+    o_proj = model.model.layers[1].self_attn.o_proj
+    assert torch.equal(merged["model.layers.1.self_attn.o_proj.weight"],
+                       o_proj.weight.half() + (o_proj.lora.B.weight @ o_proj.lora.A.weight).half())
+    assert torch.equal(merged["model.layers.0.mlp.up_proj.weight"], base["model.layers.0.mlp.up_proj.weight"])
+
+    def answer(*args: str) -> str:
+        run = subprocess.run([sys.executable, "-m", "lit_minimind.generate", *args, "--chat", "What is a list?",
+                              "--tokenizer_path", str(TOKENIZER), "--temperature", "0", "--max_new_tokens", "12"],
+                             env=cli_env(), capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr[-2000:]
+        return run.stdout
+
+    assert answer(str(SFT_EXPORT), "--lora", str(POST / "out__lora_tutor_64.pth")) == answer(str(out))
+    bad = subprocess.run([sys.executable, "-m", "lit_minimind.merge_lora", str(SFT_EXPORT), str(SFT_EXPORT)],
+                         env=cli_env(), capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "no LoRA adapter tensors" in bad.stderr

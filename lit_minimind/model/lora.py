@@ -16,7 +16,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-__all__ = ["LORA_RANK", "LoRA", "apply_lora", "freeze_base", "is_lora_key", "lora_state", "load_lora", "merged_state"]
+__all__ = ["LORA_RANK", "LoRA", "apply_lora", "attach_lora", "freeze_base", "is_lora_key", "lora_state", "load_lora", "merged_state"]
 
 LORA_RANK = 16  # MiniMind's apply_lora(model, rank=16)
 LORA_KEY = ".lora."
@@ -101,3 +101,17 @@ def merged_state(model: nn.Module) -> dict[str, torch.Tensor]:
                 weight += (module.lora.B.weight.detach() @ module.lora.A.weight.detach()).cpu().half()
             state[f"{name}.weight"] = weight
     return state
+
+
+def attach_lora(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> int:
+    """Give ``model`` the adapters of ``state_dict`` (a LoRA export, or any state dict holding adapter
+    tensors): their rank is read from the tensors; returns the number of adapters loaded. Raises
+    ``ValueError`` when ``state_dict`` holds no adapter."""
+    ranks = {int(v.shape[0]) for k, v in state_dict.items() if is_lora_key(k) and k.endswith(".lora.A.weight")}
+    if not ranks:
+        raise ValueError("no LoRA adapter tensors (keys '….lora.A.weight') in it")
+    if len(ranks) > 1:
+        raise ValueError(f"adapters of several ranks {sorted(ranks)}")
+    with torch.random.fork_rng(devices=[]):  # the adapters' init is overwritten: draw nothing from the caller's stream
+        apply_lora(model, ranks.pop())
+    return load_lora(model, {k: v for k, v in state_dict.items() if is_lora_key(k)})
