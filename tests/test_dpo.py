@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import MINIMIND, TOKENIZER, need_shared
 
 POST = MINIMIND / "post"
@@ -154,12 +153,13 @@ def test_kill_anywhere_dpo(tmp_path: Path, moe: bool) -> None:
     start = str(SFT_EXPORT) if not moe else "none"
     extra = ["--from_weight", start, "--data.empty_think_ratio", "0.2"]
     if moe:  # a DPO run from a MoE SFT model of our own, made first
-        sft = run_cli(ref_dir, ["--data.data_path", str(MINIMIND / "sft" / "sft.jsonl"), "--data.tokenizer_path",
+        (tmp_path / "sft").mkdir()
+        sft = run_cli(tmp_path / "sft", ["--data.data_path", str(MINIMIND / "sft" / "sft.jsonl"), "--data.tokenizer_path",
                                 str(TOKENIZER), "--model.hidden_size", "64", "--model.num_hidden_layers", "2",
                                 "--model.use_moe", "true", "--data.max_seq_len", "64", "--data.batch_size", "8",
                                 "--trainer.max_steps", "2", "--trainer.enable_progress_bar", "false"])
         assert sft.returncode == 0, sft.stderr[-3000:]
-        shutil.copy(ref_dir / "out" / "full_sft_64_moe.pth", tmp_path / "moe_sft.pth")
+        shutil.copy(tmp_path / "sft" / "out" / "full_sft_64_moe.pth", tmp_path / "moe_sft.pth")
         extra[1] = str(tmp_path / "moe_sft.pth")
         extra += ["--model.use_moe", "true"]
     args = tiny_dpo_args(*extra)

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import MINIMIND, ROOT, TOKENIZER, need_shared, run_cli
 from test_resume_exact import assert_same_tensors, run_until_done
 
@@ -206,6 +205,7 @@ def test_merge_lora_and_generate_with_the_adapters(tmp_path: Path) -> None:
     import sys
 
     from conftest import cli_env
+
     from lit_minimind.model.lora import load_lora
 
     need_shared()
