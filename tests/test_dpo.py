@@ -221,3 +221,62 @@ def test_reference_is_outside_the_module() -> None:
     loss.backward()
     assert all(p.grad is None for p in module.reference.model.parameters())
     assert abs(float(stats["dpo_loss"]) - 0.6931) < 1e-4  # policy == reference: -log sigmoid(0)
+
+
+@pytest.mark.slow
+def test_embedded_sft_then_lora_and_dpo_then_chat(tmp_path: Path) -> None:
+    """The README's SFT -> LoRA / DPO -> chat, shortened: nothing downloaded (the embedded chat corpus,
+    its preference pairs and tokenizer); the stages' default names and start weights."""
+    import subprocess
+    import sys
+
+    from conftest import cli_env
+
+    short = ["--data.max_seq_len", "64", "--trainer.max_steps", "2", "--trainer.enable_progress_bar", "false",
+             "--log_interval", "1"]
+    sft = run_cli(tmp_path, ["--data.kind", "sft", *short])
+    assert sft.returncode == 0, sft.stderr[-3000:]
+    lora = run_cli(tmp_path, ["--data.kind", "sft", "--lora_name", "lora_pydoc", *short])
+    assert lora.returncode == 0, lora.stderr[-3000:]
+    assert "LoRA: --from_weight full_sft (MiniMind's train_lora.py default)" in lora.stdout
+    assert "--from_weight: loaded 25 tensors from out/full_sft_128.pth" in lora.stdout and len(lora.steps) == 2
+    assert list(torch.load(tmp_path / "out" / "lora_pydoc_128.pth", weights_only=True))[0] == \
+        "model.layers.0.self_attn.q_proj.lora.A.weight"
+    dpo = run_cli(tmp_path, ["--data.kind", "dpo", *short])
+    assert dpo.returncode == 0, dpo.stderr[-3000:]
+    assert "DPO data: files named dpo" in dpo.stdout and "DPO: --from_weight full_sft" in dpo.stdout
+    assert len(dpo.steps) == 2 and (tmp_path / "out" / "dpo_128.pth").is_file()
+    for args in (["out/full_sft_128.pth", "--lora", "out/lora_pydoc_128.pth"], ["out/dpo_128.pth"]):
+        chat = subprocess.run([sys.executable, "-m", "lit_minimind.generate", *args, "--chat", "What is a list?",
+                               "--temperature", "0", "--max_new_tokens", "8"],
+                              cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=120)
+        assert chat.returncode == 0, chat.stderr[-2000:]
+        assert chat.stdout.strip() and "<|im_start|>" not in chat.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["lora", "dpo"])
+def test_ddp_two_processes_killed_mid_window_resume_exactly(tmp_path: Path, stage: str) -> None:
+    """LoRA and DPO under DDP (gloo, 2 processes): SIGKILLed after a save inside an accumulation window
+    (step 3, accumulation 2), resumed: the per-step values and final weights of the uninterrupted run.
+    The DPO reference is outside DDP (each rank rebuilds it from --from_weight)."""
+    from test_lora import tiny_lora_args
+
+    need_shared()
+    ddp = ["--trainer.devices", "2", "--trainer.strategy", "ddp"]
+    args = (tiny_lora_args() if stage == "lora" else tiny_dpo_args("--from_weight", "out/full_sft_64.pth")) + ddp
+    ref_dir, kill_dir = tmp_path / "ref", tmp_path / "killed"
+    start_from_sft(ref_dir), start_from_sft(kill_dir)
+    ref = run_cli(ref_dir, args)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    assert len(ref.steps) == 10  # 2 epochs x 5 batches per rank
+    killed = run_cli(kill_dir, args + ["--ckpt_path", "last"], kill_after_lines=4)
+    assert killed.returncode == -9
+    resumed = run_cli(kill_dir, args + ["--ckpt_path", "last"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming epoch 1 at step 4/5" in resumed.stderr  # the step-3 save, mid window (its partial gradients)
+    for key, values in resumed.steps.items():
+        assert values == ref.steps[key], f"step {key} differs after the DDP resume"
+    name = "out/lora_medical_64.pth" if stage == "lora" else "out/dpo_64.pth"
+    ref_out, out = (torch.load(d / name, weights_only=True) for d in (ref_dir, kill_dir))
+    assert ref_out.keys() == out.keys() and all(torch.equal(ref_out[k], out[k]) for k in ref_out)
