@@ -236,3 +236,16 @@ def test_merge_lora_and_generate_with_the_adapters(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, "-m", "lit_minimind.merge_lora", str(SFT_EXPORT), str(SFT_EXPORT)],
                          env=cli_env(), capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "no LoRA adapter tensors" in bad.stderr
+
+
+def test_minimind_lora_and_dpo_flags_translate() -> None:
+    from lit_minimind.cli.flags import translate
+
+    assert translate(["--lora_name", "lora_identity"]).args == ["--resume.weight", "lora_identity", "--model.lora_rank", "16"]
+    # a rank given anywhere wins (the flag then only names the files)
+    assert translate(["--model.lora_rank", "8", "--lora_name=x"]).args == ["--model.lora_rank", "8", "--resume.weight", "x"]
+    assert translate(["--beta", "0.1"]).args == ["--model.beta", "0.1"]
+    wandb = translate(["--lora_name", "x", "--use_wandb"]).args
+    assert wandb[wandb.index("--trainer.logger.init_args.project") + 1] == "MiniMind-LoRA"
+    wandb = translate(["--beta", "0.1", "--use_wandb"]).args
+    assert wandb[wandb.index("--trainer.logger.init_args.project") + 1] == "MiniMind-DPO"

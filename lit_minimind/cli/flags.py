@@ -128,7 +128,9 @@ def translate(argv: list[str], compile_supported: bool = False) -> Translation:
             raise UsageError(f"--{name} needs a value")
         i += 1
     given = dict(it for it in items if isinstance(it, tuple))  # the last value of each MiniMind flag
-    project, has_wandb = given.get("wandb_project") or WANDB_PROJECT, "use_wandb" in given
+    # MiniMind's default project of the script whose flags these are
+    script_project = "MiniMind-LoRA" if "lora_name" in given else "MiniMind-DPO" if "beta" in given else WANDB_PROJECT
+    project, has_wandb = given.get("wandb_project") or script_project, "use_wandb" in given
     out = Translation([])
     for it in items:
         if isinstance(it, str):
