@@ -150,6 +150,7 @@ def test_kill_anywhere_lora(tmp_path: Path) -> None:
         assert_same_tensors(state, ref_state)
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_changed_base(tmp_path: Path) -> None:
     """The frozen base is not in the checkpoint: a resume rebuilds it from --from_weight and refuses,
     in one line, a file that changed since."""
@@ -198,6 +199,7 @@ def test_adapters_follow_minimind_and_merge() -> None:
     assert torch.allclose(plain(x).logits, model(x).logits, atol=5e-2)
 
 
+@pytest.mark.slow
 def test_merge_lora_and_generate_with_the_adapters(tmp_path: Path) -> None:
     """MiniMind's outputs: its SFT export + its LoRA adapters merge into one fp16 file, MiniMind's
     merge_lora formula; generate --lora (unmerged) answers as the merged file does."""
