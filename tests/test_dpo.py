@@ -84,7 +84,7 @@ from test_lora import RUNS, assert_steps, minimind_argv, minimind_model, start_f
 def test_minimind_dpo_argv_reproduces_its_run_and_minimind_loads_the_export(tmp_path: Path) -> None:
     need_shared()
     start_from_sft(tmp_path)
-    run = run_cli(tmp_path, minimind_argv("dpo_full"))
+    run = run_cli(tmp_path, minimind_argv("dpo_full", preset_last=True))  # MiniMind's flags still win
     assert run.returncode == 0, run.stderr[-3000:]
     assert "--beta 0.15 -> --model.beta 0.15" in run.stdout
     assert (tmp_path / "out" / "dpo_64.pth").is_file()

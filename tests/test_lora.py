@@ -24,13 +24,16 @@ QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summa
 PRESET = {"lora": ROOT / "conf" / "minimind_lora.yaml", "dpo": ROOT / "conf" / "minimind_dpo.yaml"}
 
 
-def minimind_argv(run: str) -> list[str]:
+def minimind_argv(run: str, preset_last: bool = False) -> list[str]:
     """``--config <preset>``, then runs.json's argv of MiniMind's script with the shared data, then
-    ``--save_dir out`` and the shared tokenizer."""
+    ``--save_dir out`` and the shared tokenizer (``preset_last``: the preset after MiniMind's argv)."""
     stage = run.split("_")[0]
     argv = list(RUNS[run]["argv"][2:])  # without "python trainer/train_*.py"
     argv[argv.index("--data_path") + 1] = str(POST / f"{stage}.jsonl")
-    return ["--config", str(PRESET[stage]), *argv, "--save_dir", "out", "--tokenizer_path", str(TOKENIZER), *QUIET]
+    preset = ["--config", str(PRESET[stage])]
+    if preset_last:
+        return [*argv, "--save_dir", "out", *preset, "--tokenizer_path", str(TOKENIZER), *QUIET]
+    return [*preset, *argv, "--save_dir", "out", "--tokenizer_path", str(TOKENIZER), *QUIET]
 
 
 def start_from_sft(run_dir: Path) -> None:
@@ -251,3 +254,12 @@ def test_minimind_lora_and_dpo_flags_translate() -> None:
     assert wandb[wandb.index("--trainer.logger.init_args.project") + 1] == "MiniMind-LoRA"
     wandb = translate(["--beta", "0.1", "--use_wandb"]).args
     assert wandb[wandb.index("--trainer.logger.init_args.project") + 1] == "MiniMind-DPO"
+
+
+def test_minimind_flags_override_a_preset_given_after_them() -> None:
+    """MiniMind's argv with the preset appended: its flags still win (they override the script's defaults)."""
+    from lit_minimind.cli.flags import translate
+
+    args = translate(["--hidden_size", "64", "--config", "conf/minimind_lora.yaml", "--trainer.max_steps", "3"]).args
+    assert args == ["--config", "conf/minimind_lora.yaml", "--model.hidden_size", "64", "--trainer.max_steps", "3"]
+    assert translate(["--model.hidden_size", "64", "--config=x.yaml"]).args == ["--model.hidden_size", "64", "--config=x.yaml"]

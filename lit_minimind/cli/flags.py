@@ -105,8 +105,10 @@ def _translate_one(flag: str, value: str, wandb_project: str, compile_supported:
 def translate(argv: list[str], compile_supported: bool = False) -> Translation:
     """Replace MiniMind's flags in ``argv`` (``--flag value`` or ``--flag=value``) by the port's.
 
-    Anything else passes through in place. Raises :class:`UsageError` for a MiniMind flag
-    without its value or with a value MiniMind would reject.
+    Anything else passes through in place, except ``--config`` presets when MiniMind's flags are
+    given: those move to the front, so MiniMind's argv overrides a preset of MiniMind's defaults
+    wherever the preset is given (MiniMind's flags override its script's defaults). Raises
+    :class:`UsageError` for a MiniMind flag without its value or with a value MiniMind would reject.
     """
     items: list[tuple[str, str | None] | str] = []
     i = 0
@@ -128,6 +130,8 @@ def translate(argv: list[str], compile_supported: bool = False) -> Translation:
             raise UsageError(f"--{name} needs a value")
         i += 1
     given = dict(it for it in items if isinstance(it, tuple))  # the last value of each MiniMind flag
+    if given:
+        items = _presets_first(items)
     # MiniMind's default project of the script whose flags these are
     script_project = "MiniMind-LoRA" if "lora_name" in given else "MiniMind-DPO" if "beta" in given else WANDB_PROJECT
     project, has_wandb = given.get("wandb_project") or script_project, "use_wandb" in given
@@ -145,6 +149,21 @@ def translate(argv: list[str], compile_supported: bool = False) -> Translation:
         out.mapping.append((f"--{flag}" + (f" {value}" if value is not None else ""), " ".join(port) or nothing))
         out.origins.update({p: f"--{flag}" for p in port if p.startswith("--")})
     return out
+
+
+def _presets_first(items: list) -> list:
+    """``--config FILE`` / ``--config=FILE`` moved to the front (in their order), the rest in place."""
+    presets, rest = [], []
+    i = 0
+    while i < len(items):
+        it = items[i]
+        if it == "--config" and i + 1 < len(items) and isinstance(items[i + 1], str):
+            presets += [it, items[i + 1]]
+            i += 2
+            continue
+        (presets if isinstance(it, str) and it.startswith("--config=") else rest).append(it)
+        i += 1
+    return presets + rest
 
 
 def mapping_line(translation: Translation) -> str | None:
