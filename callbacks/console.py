@@ -49,8 +49,9 @@ class MiniMindConsole(Callback):
     and sends every micro-batch's ``loss``, ``logits_loss``, ``aux_loss``, ``learning_rate``,
     ``epoch_time``, ``tokens_per_s``, ``perplexity``, ``epoch`` and ``micro_step`` to the trainer's
     loggers (every tensor of the module's ``last_stats``: DPO logs ``dpo_loss`` and the rewards
-    instead of ``logits_loss`` and ``perplexity``, and prints MiniMind's DPO line). ``micro_step`` counts the micro-batches trained so far (per process, 1-based): it is
-    checkpointed, so it continues across resumes, also on another number of processes.
+    instead of ``logits_loss`` and ``perplexity``, and prints MiniMind's DPO line). ``micro_step``
+    counts the micro-batches trained so far (per process, 1-based): it is checkpointed, so it
+    continues across resumes, also on another number of processes.
 
     Nothing logged is lost to a SIGKILL: the rows a resume may need ride in this callback's
     checkpointed state (:class:`callbacks.log_history.LogHistory`). Loggers are flushed
