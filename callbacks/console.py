@@ -25,14 +25,33 @@ def format_minimind_line(epoch: int, epochs: int, step: int, iters: int, loss: f
     )
 
 
+def format_dpo_line(epoch: int, epochs: int, step: int, iters: int, loss: float, dpo_loss: float,
+                    aux_loss: float, lr: float, eta_min: float) -> str:
+    """MiniMind's ``train_dpo.py`` log format."""
+    return (
+        f"Epoch:[{epoch + 1}/{epochs}]({step}/{iters}), loss: {loss:.4f}, dpo_loss: {dpo_loss:.4f}, "
+        f"aux_loss: {aux_loss:.4f}, learning_rate: {lr:.8f}, epoch_time: {eta_min:.3f}min"
+    )
+
+
+def batch_tokens(batch: Any) -> int:
+    """Target tokens in a batch, from shapes only (no host sync): ``labels`` of ``(input_ids, labels)``,
+    every ``y_*`` of a DPO dict batch."""
+    if isinstance(batch, dict):
+        return sum(int(v.numel()) for k, v in batch.items() if k.startswith("y_"))
+    return int(batch[1].numel())
+
+
 class MiniMindConsole(Callback):
     """MiniMind's logging: its console line and per-micro-batch metrics for the loggers.
 
     Prints MiniMind's line on global rank 0 every ``log_interval`` steps and at each epoch's last,
     and sends every micro-batch's ``loss``, ``logits_loss``, ``aux_loss``, ``learning_rate``,
     ``epoch_time``, ``tokens_per_s``, ``perplexity``, ``epoch`` and ``micro_step`` to the trainer's
-    loggers. ``micro_step`` counts the micro-batches trained so far (per process, 1-based): it is
-    checkpointed, so it continues across resumes, also on another number of processes.
+    loggers (every tensor of the module's ``last_stats``: DPO logs ``dpo_loss`` and the rewards
+    instead of ``logits_loss`` and ``perplexity``, and prints MiniMind's DPO line). ``micro_step``
+    counts the micro-batches trained so far (per process, 1-based): it is checkpointed, so it
+    continues across resumes, also on another number of processes.
 
     Nothing logged is lost to a SIGKILL: the rows a resume may need ride in this callback's
     checkpointed state (:class:`callbacks.log_history.LogHistory`). Loggers are flushed
@@ -108,7 +127,7 @@ class MiniMindConsole(Callback):
         if self._epoch_start is None or self._epoch_start[1] > batch_idx:
             self._epoch_start = (time.perf_counter(), batch_idx)
         self.batches += 1
-        tokens = int(batch[1].numel()) * trainer.world_size  # shape metadata: no host sync
+        tokens = batch_tokens(batch) * trainer.world_size  # shape metadata: no host sync
         self.tokens += tokens
         now = time.perf_counter()
         tokens_per_s = tokens / max(now - self._last_batch_end, 1e-9) if self._last_batch_end else 0.0
@@ -119,17 +138,22 @@ class MiniMindConsole(Callback):
         spent = time.perf_counter() - start_time
         eta_min = spent / max(batch_idx + 1 - start_idx, 1) * (iters - step) // 60
         if trainer.is_global_zero:  # kept on the device; sent to the host at the log interval, all at once
-            losses = torch.stack([stats["loss"], stats["logits_loss"], stats["aux_loss"]]).detach()
+            names = tuple(k for k, v in stats.items() if isinstance(v, torch.Tensor))
+            losses = torch.stack([stats[k].detach().float() for k in names])
             self._pending.append((self.micro_step, trainer.global_step, trainer.current_epoch, losses, float(stats["lr"]),
-                                  {"epoch_time": eta_min, "tokens_per_s": tokens_per_s}))
+                                  {"epoch_time": eta_min, "tokens_per_s": tokens_per_s}, names))
         if not (step % self.log_interval == 0 or step == iters):
             return
         rows = self.log_pending(trainer)
         if trainer.is_global_zero and rows:
             row = rows[-1]
-            console_print(trainer, format_minimind_line(trainer.current_epoch, trainer.max_epochs or 1, step, iters,
-                                                        row["loss"], row["loss"] - row["aux_loss"], row["aux_loss"],
-                                                        row["learning_rate"], eta_min))
+            if "dpo_loss" in row:
+                line = format_dpo_line(trainer.current_epoch, trainer.max_epochs or 1, step, iters, row["loss"],
+                                       row["dpo_loss"], row["aux_loss"], row["learning_rate"], eta_min)
+            else:
+                line = format_minimind_line(trainer.current_epoch, trainer.max_epochs or 1, step, iters, row["loss"],
+                                            row["loss"] - row["aux_loss"], row["aux_loss"], row["learning_rate"], eta_min)
+            console_print(trainer, line)
 
     @property
     def last_loss(self) -> float | None:
@@ -144,10 +168,11 @@ class MiniMindConsole(Callback):
             return []
         values = torch.stack([p[3] for p in pending]).float().cpu().tolist()  # the one host sync
         rows = []
-        for (micro_step, global_step, epoch, _, lr, extra), (loss, logits_loss, aux_loss) in zip(pending, values):
-            metrics = {"loss": loss, "logits_loss": logits_loss, "aux_loss": aux_loss, "learning_rate": lr,
-                       "perplexity": math.exp(min(logits_loss, 50.0)), "epoch": float(epoch), **extra,
-                       "micro_step": micro_step}
+        for (micro_step, global_step, epoch, _, lr, extra, names), row in zip(pending, values):
+            metrics = {**dict(zip(names, row)), "learning_rate": lr}
+            if "logits_loss" in metrics:
+                metrics["perplexity"] = math.exp(min(metrics["logits_loss"], 50.0))
+            metrics.update({"epoch": float(epoch), **extra, "micro_step": micro_step})
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=global_step)
             self.history.record(global_step, metrics)

@@ -19,7 +19,9 @@ TINY_JSONL = MINIMIND / "original_run" / "tiny.jsonl"
 TOKENIZER = MINIMIND / "tokenizer"
 
 LINE_RE = re.compile(
-    r"Epoch:\[(\d+)/(\d+)\]\((\d+)/(\d+)\), loss: ([\d.]+), logits_loss: ([\d.]+), aux_loss: ([\d.]+), lr: ([\d.]+), epoch_time: ([\d.]+)min"
+    # MiniMind's line; its DPO line (train_dpo.py) says dpo_loss and learning_rate
+    r"Epoch:\[(\d+)/(\d+)\]\((\d+)/(\d+)\), loss: ([\d.]+), (?:logits_loss|dpo_loss): ([\d.]+), aux_loss: ([\d.]+), "
+    r"(?:lr|learning_rate): ([\d.]+), epoch_time: ([\d.]+)min"
 )
 
 

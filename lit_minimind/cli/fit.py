@@ -34,6 +34,7 @@ from lit_minimind.checkpoint.names import checkpoint_stem
 from lit_minimind.cli.export import export_after_fit
 from lit_minimind.cli.flags import help_epilog, mapping_line, name_origins, translate
 from lit_minimind.cli.from_weight import load_start_weights, weight_path
+from lit_minimind.cli.stage import apply_stage_defaults
 from lit_minimind.cli.validate import parse_error_line, validate
 from lit_minimind.data.datamodule import MiniMindDataModule
 from lit_minimind.errors import CheckpointError, DataError, UsageError
@@ -70,7 +71,7 @@ class MiniMindCLI(LightningCLI):
 
     def parse_arguments(self, parser: Any, args: Any) -> None:
         """jsonargparse's errors (raised: exit_on_error=False) as one line naming the flag."""
-        self.given_args = list(args)  # for sft_weight_default
+        self.given_args = list(args)  # for apply_stage_defaults
         try:  # args is main()'s translated argv: parse it as the command line (no "args and sys.argv" warning)
             self.config = parser.parse_args(args)
         except ArgumentError as err:
@@ -79,7 +80,8 @@ class MiniMindCLI(LightningCLI):
         validate(self.config)  # every value a user can type, before anything is seeded or built
 
     def before_instantiate_classes(self) -> None:
-        sft_weight_default(self.config, self.parser, self.given_args)
+        for line in apply_stage_defaults(self.config, self.parser, self.given_args):  # LoRA, DPO, SFT names
+            rank_zero_print(line)
         trainer = self.config.get("trainer")
         own_bar = any("ProgressBar" in str(getattr(cb, "class_path", cb)) for cb in trainer.get("callbacks") or [])
         if trainer.get("enable_progress_bar") is not False and not own_bar:
@@ -109,28 +111,6 @@ def csv_logger_args(config: Any) -> list[dict[str, Any]]:
     specs = specs if isinstance(specs, list) else [specs]
     return [dict(spec.get("init_args") or {}) for spec in specs
             if hasattr(spec, "get") and str(spec.get("class_path") or "").endswith("CSVLogger")]
-
-
-def sft_weight_default(config: Any, parser: Any, args: list[str]) -> None:
-    """On SFT data, files are named ``full_sft`` (MiniMind's ``train_full_sft.py``), not ``pretrain``,
-    unless ``--resume.weight`` (``--save_weight``, a ``--config``) names them; so a fine-tune never
-    overwrites the ``out/pretrain_*.pth`` it starts from."""
-    if config.get("resume.weight") != "pretrain":
-        return
-    kind, data_path = config.get("data.kind") or "auto", config.get("data.data_path")
-    if kind == "auto":
-        from lit_minimind.data.dataset import detect_kind
-
-        kind = detect_kind(data_path) if data_path else "pretrain"  # DataError: the file is unusable anyway
-    if kind != "sft":
-        return
-    try:  # what the user gave, defaults left out (the linked --log_interval must be present)
-        given = parser.parse_args(["--log_interval", "0", *args], defaults=False).get("resume.weight")
-    except (ArgumentError, SystemExit):
-        return
-    if given is None:
-        config["resume.weight"] = "full_sft"
-        rank_zero_print("SFT data: files named full_sft (MiniMind's train_full_sft.py; --resume.weight to change)")
 
 
 _NO_KERNEL = re.compile(r"(\S+) does not have a deterministic implementation")
@@ -239,11 +219,14 @@ def run_fit(args: list[str] | None) -> int:
             del start_ckpt
         start = weight_path(cli.config.get("from_weight"), resume.out_dir, cli.model.config.hidden_size,
                             cli.model.config.use_moe)
-        if start is not None and ckpt_path is None:  # MiniMind's --from_weight: only when not resuming
+        if start is not None and (ckpt_path is None or cli.model.needs_start_weights):
+            # MiniMind's --from_weight: only when not resuming, but for the LoRA base and the DPO reference
             rank_zero_print(load_start_weights(cli.model, start))
-        elif start is not None and cli.config.get("ckpt_path") == "last":
+        if start is not None and cli.model.needs_start_weights:
+            cli.model.use_start_weights(start)
+        elif start is not None and ckpt_path is not None and cli.config.get("ckpt_path") == "last":
             rank_zero_print(f"--from_weight {start} not used: resuming from {ckpt_path}")
-        elif start is not None:
+        elif start is not None and ckpt_path is not None:
             rank_zero_warn(f"--from_weight {start} ignored: --ckpt_path {ckpt_path} is given")
         cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
         exported = export_after_fit(cli.config.get("export_hf"), resume, cli.datamodule, cli.trainer)

@@ -1,4 +1,5 @@
-"""MiniMind's ``trainer/train_pretrain.py`` flags, translated into the port's own flags.
+"""MiniMind's ``trainer/train_pretrain.py`` flags (and those of ``train_full_sft.py``, ``train_lora.py``:
+``--lora_name``, ``train_dpo.py``: ``--beta``), translated into the port's own flags.
 
 ``python -m lit_minimind.fit --epochs 2 --batch_size 32 --from_resume 1`` means what it means
 in MiniMind; MiniMind's and the port's flags mix freely (later ones win, as in argparse).
@@ -28,10 +29,13 @@ SIMPLE = {
     "max_seq_len": "--data.max_seq_len",
     "data_path": "--data.data_path",
     "tokenizer_path": "--data.tokenizer_path",
+    "beta": "--model.beta",
 }
 DTYPES = {"bfloat16": "bf16-mixed", "float16": "16-mixed", "float32": "32-true"}
 SAME = ["log_interval", "from_weight"]  # the port's flags too: they pass through
-MINIMIND_FLAGS = [*SIMPLE, *SAME, "device", "dtype", "use_moe", "from_resume", "use_wandb", "wandb_project", "use_compile"]
+MINIMIND_FLAGS = [*SIMPLE, *SAME, "device", "dtype", "use_moe", "from_resume", "use_wandb", "wandb_project", "use_compile",
+                  "lora_name"]
+LORA_RANK = "16"  # MiniMind's apply_lora(model, rank=16)
 WANDB_PROJECT = "MiniMind-Pretrain"  # MiniMind's default --wandb_project
 
 
@@ -71,9 +75,12 @@ def _device(value: str) -> list[str]:
     raise UsageError(f"--device must be cpu, cuda or cuda:N (got {value!r})")
 
 
-def _translate_one(flag: str, value: str, wandb_project: str, compile_supported: bool, notes: list[str]) -> list[str]:
+def _translate_one(flag: str, value: str, wandb_project: str, compile_supported: bool, notes: list[str],
+                   rank_given: bool = False) -> list[str]:
     if flag in SIMPLE:
         return [SIMPLE[flag], value]
+    if flag == "lora_name":  # train_lora.py: its files' name, and LoRA itself (unless a rank is given)
+        return ["--resume.weight", value, *([] if rank_given else ["--model.lora_rank", LORA_RANK])]
     if flag == "dtype":
         return ["--trainer.precision", _choice(flag, value, {k: [v] for k, v in DTYPES.items()})[0]]
     if flag == "device":
@@ -98,8 +105,10 @@ def _translate_one(flag: str, value: str, wandb_project: str, compile_supported:
 def translate(argv: list[str], compile_supported: bool = False) -> Translation:
     """Replace MiniMind's flags in ``argv`` (``--flag value`` or ``--flag=value``) by the port's.
 
-    Anything else passes through in place. Raises :class:`UsageError` for a MiniMind flag
-    without its value or with a value MiniMind would reject.
+    Anything else passes through in place, except ``--config`` presets when MiniMind's flags are
+    given: those move to the front, so MiniMind's argv overrides a preset of MiniMind's defaults
+    wherever the preset is given (MiniMind's flags override its script's defaults). Raises
+    :class:`UsageError` for a MiniMind flag without its value or with a value MiniMind would reject.
     """
     items: list[tuple[str, str | None] | str] = []
     i = 0
@@ -121,20 +130,40 @@ def translate(argv: list[str], compile_supported: bool = False) -> Translation:
             raise UsageError(f"--{name} needs a value")
         i += 1
     given = dict(it for it in items if isinstance(it, tuple))  # the last value of each MiniMind flag
-    project, has_wandb = given.get("wandb_project") or WANDB_PROJECT, "use_wandb" in given
+    if given:
+        items = _presets_first(items)
+    # MiniMind's default project of the script whose flags these are
+    script_project = "MiniMind-LoRA" if "lora_name" in given else "MiniMind-DPO" if "beta" in given else WANDB_PROJECT
+    project, has_wandb = given.get("wandb_project") or script_project, "use_wandb" in given
     out = Translation([])
     for it in items:
         if isinstance(it, str):
             out.args.append(it)
             continue
         flag, value = it
-        port = _translate_one(flag, value or "", project, compile_supported, out.notes)
+        rank_given = any(a.split("=", 1)[0] == "--model.lora_rank" for a in argv)
+        port = _translate_one(flag, value or "", project, compile_supported, out.notes, rank_given)
         out.args += port
         nothing = {"wandb_project": "(the project of --use_wandb)" if has_wandb else "(unused without --use_wandb)",
                    "use_compile": "(not supported yet)" if value == "1" else "(off)"}.get(flag, "(nothing: start fresh)")
         out.mapping.append((f"--{flag}" + (f" {value}" if value is not None else ""), " ".join(port) or nothing))
         out.origins.update({p: f"--{flag}" for p in port if p.startswith("--")})
     return out
+
+
+def _presets_first(items: list) -> list:
+    """``--config FILE`` / ``--config=FILE`` moved to the front (in their order), the rest in place."""
+    presets, rest = [], []
+    i = 0
+    while i < len(items):
+        it = items[i]
+        if it == "--config" and i + 1 < len(items) and isinstance(items[i + 1], str):
+            presets += [it, items[i + 1]]
+            i += 2
+            continue
+        (presets if isinstance(it, str) and it.startswith("--config=") else rest).append(it)
+        i += 1
+    return presets + rest
 
 
 def mapping_line(translation: Translation) -> str | None:

@@ -8,6 +8,9 @@ temperature / top-p / top-k sampling).
 rendered with the tokenizer's chat template and its generation prompt, as MiniMind's
 ``eval_llm.py`` does, and only the assistant's answer is printed. ``--chat`` without a question
 reads one user turn per line from stdin until EOF, keeping the whole conversation.
+
+``--lora FILE`` adds LoRA adapters (``out/lora_medical_768.pth``) to the weights, without merging them
+(MiniMind's ``eval_llm.py --lora_weight``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from lit_minimind.data.chat_template import load_chat_template, render_chat
 from lit_minimind.data.tokenizer import BOS_ID, EOS_ID, build_default_tokenizer, encode, load_tokenizer
 from lit_minimind.errors import CheckpointError
 from lit_minimind.model import MiniMindConfig, MiniMindForCausalLM
+from lit_minimind.model.lora import attach_lora
 
 
 def load_model(path: str) -> MiniMindForCausalLM:
@@ -95,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                       help="ask an SFT model (chat template, answer only); without QUESTION: one user turn per stdin line")
     parser.add_argument("--system", default=None, help="--chat: a system message opening the conversation")
     parser.add_argument("--think", action="store_true", help="--chat: let the model write its reasoning (open_thinking)")
+    parser.add_argument("--lora", default=None, metavar="FILE", help="LoRA adapters to apply to the weights (not merged)")
     parser.add_argument("--tokenizer_path", default=None,
                         help="directory with tokenizer.json (default: a Hugging Face directory's own, else the embedded one)")
     parser.add_argument("--max_new_tokens", type=int, default=64)
@@ -105,6 +110,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         model = load_model(args.weights)
+        if args.lora:
+            try:
+                attach_lora(model, model_weights(read_checkpoint(args.lora)))
+            except ValueError as err:
+                raise CheckpointError(f"{args.lora} (--lora): {err}") from None
         own = is_hf_directory(args.weights) and (Path(args.weights) / "tokenizer.json").is_file()
         tokenizer_dir = args.tokenizer_path or (args.weights if own else build_default_tokenizer())
         tokenizer = load_tokenizer(tokenizer_dir)

@@ -107,11 +107,33 @@ def embedded_conversations(max_chars: int = DEFAULT_CHUNK_CHARS) -> list[dict]:
 
 def write_embedded_sft_corpus(cache_dir: str | os.PathLike[str], max_chars: int = DEFAULT_CHUNK_CHARS) -> Path:
     """Write :func:`embedded_conversations` as MiniMind SFT jsonl (cached like the pretrain corpus)."""
-    records = embedded_conversations(max_chars)
+    return _write_cached_jsonl(embedded_conversations(max_chars), cache_dir, f"sft-v{SFT_FORMAT_VERSION}", "sft-corpus")
+
+
+def embedded_pairs(max_chars: int = DEFAULT_CHUNK_CHARS) -> list[dict]:
+    """Preference pairs from :func:`embedded_conversations`, MiniMind DPO records: ``chosen`` is each
+    conversation's first question and answer, ``rejected`` the same answer with its words in reverse
+    order (fluent text preferred to a corrupted copy); answers that reversal leaves unchanged are skipped."""
+    pairs = []
+    for record in embedded_conversations(max_chars):
+        question, answer = record["conversations"][:2]
+        corrupted = " ".join(reversed(answer["content"].split()))
+        if corrupted == answer["content"]:
+            continue  # one word (or a palindrome of words): nothing to prefer
+        pairs.append({"chosen": [question, answer], "rejected": [question, {"role": "assistant", "content": corrupted}]})
+    return pairs
+
+
+def write_embedded_dpo_corpus(cache_dir: str | os.PathLike[str], max_chars: int = DEFAULT_CHUNK_CHARS) -> Path:
+    """Write :func:`embedded_pairs` as MiniMind DPO jsonl (cached like the pretrain corpus)."""
+    return _write_cached_jsonl(embedded_pairs(max_chars), cache_dir, f"dpo-v{SFT_FORMAT_VERSION}", "dpo-corpus")
+
+
+def _write_cached_jsonl(records: list[dict], cache_dir: str | os.PathLike[str], version: str, name: str) -> Path:
     lines = [json.dumps(r, ensure_ascii=False) for r in records]
     cache_dir = Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    path = cache_dir / f"sft-corpus-{corpus_fingerprint([f'sft-v{SFT_FORMAT_VERSION}', *lines])[:16]}.jsonl"
+    path = cache_dir / f"{name}-{corpus_fingerprint([version, *lines])[:16]}.jsonl"
     if not path.is_file():
         atomic_write_bytes("".join(line + "\n" for line in lines), path)
     return path

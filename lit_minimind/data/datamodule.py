@@ -47,12 +47,13 @@ class MiniMindDataModule(L.LightningDataModule):
         val_fraction: hold out this fraction of the records (the last ones of the file) for a
             validation loss at each epoch's end; 0 (default) trains on everything, as MiniMind.
         kind: ``auto`` (default) detects the data from the first non-blank record
-            (``"conversations"``: SFT, ``"text"``: pretraining; without ``data_path``:
-            pretraining); ``pretrain`` or ``sft`` forces it. A file mixing both kinds is an
-            error naming the first line of the other kind.
+            (``"conversations"``: SFT, ``"text"``: pretraining, ``"chosen"``/``"rejected"``: DPO
+            pairs, :mod:`lit_minimind.data.dpo`; without ``data_path``: pretraining); ``pretrain``,
+            ``sft`` or ``dpo`` forces it (``dpo`` without ``data_path``: pairs made from the embedded
+            chat corpus). A file mixing kinds is an error naming the first line of another kind.
         add_system_ratio: SFT only: probability of prepending a system prompt to a conversation
             that has none (MiniMind: 0.2).
-        empty_think_ratio: SFT only: probability of keeping a sample's empty
+        empty_think_ratio: SFT and DPO: probability of keeping a sample's empty
             ``<think>\\n\\n</think>\\n\\n`` blocks (MiniMind: 0.2; 0 always drops them, 1 always
             keeps them). Both augmentations draw from a generator seeded by (42, epoch, sample
             index), so a resumed run sees the same samples; the epoch is the sampler's once
@@ -68,7 +69,7 @@ class MiniMindDataModule(L.LightningDataModule):
         num_workers: int = 0,
         cache_dir: str | None = None,
         val_fraction: float = 0.0,
-        kind: Literal["auto", "pretrain", "sft"] = "auto",
+        kind: Literal["auto", "pretrain", "sft", "dpo"] = "auto",
         add_system_ratio: float = 0.2,
         empty_think_ratio: float = 0.2,
     ) -> None:
@@ -83,13 +84,13 @@ class MiniMindDataModule(L.LightningDataModule):
         if not 0.0 <= val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
         self.val_fraction = val_fraction
-        if kind not in ("auto", "pretrain", "sft"):
-            raise ValueError(f"kind must be 'auto', 'pretrain' or 'sft', got {kind!r}")
+        if kind not in ("auto", "pretrain", "sft", "dpo"):
+            raise ValueError(f"kind must be 'auto', 'pretrain', 'sft' or 'dpo', got {kind!r}")
         for name, ratio in (("add_system_ratio", add_system_ratio), ("empty_think_ratio", empty_think_ratio)):
             if not 0.0 <= ratio <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {ratio}")
         self.kind = kind
-        self.data_kind: str | None = None  # "pretrain" or "sft", known after setup()
+        self.data_kind: str | None = None  # "pretrain", "sft" or "dpo", known after setup()
         self.add_system_ratio = add_system_ratio
         self.empty_think_ratio = empty_think_ratio
         self.train_dataset = None
@@ -118,10 +119,11 @@ class MiniMindDataModule(L.LightningDataModule):
         from lit_minimind.data.tokenizer import default_cache_dir, load_tokenizer
 
         data, tok = self.resolved_paths()
-        if self.kind == "sft" and not self.data_path:  # the embedded chat corpus
-            from lit_minimind.data.corpus import write_embedded_sft_corpus
+        if self.kind in ("sft", "dpo") and not self.data_path:  # the embedded chat corpus (or its pairs)
+            from lit_minimind.data.corpus import write_embedded_dpo_corpus, write_embedded_sft_corpus
 
-            data = write_embedded_sft_corpus(Path(self.cache_dir) if self.cache_dir else default_cache_dir())
+            write = write_embedded_sft_corpus if self.kind == "sft" else write_embedded_dpo_corpus
+            data = write(Path(self.cache_dir) if self.cache_dir else default_cache_dir())
         self.data_kind = detect_kind(data) if self.kind == "auto" else self.kind
         self.tokenizer = load_tokenizer(tok)
         if self.data_kind == "sft":
@@ -131,6 +133,12 @@ class MiniMindDataModule(L.LightningDataModule):
             full = SFTDataset(data, self.tokenizer, max_length=self.max_seq_len, chat_template=load_chat_template(tok),
                               add_system_ratio=self.add_system_ratio, empty_think_ratio=self.empty_think_ratio,
                               cache_dir=self.cache_dir)
+        elif self.data_kind == "dpo":
+            from lit_minimind.data.chat_template import load_chat_template
+            from lit_minimind.data.dpo import DPODataset
+
+            full = DPODataset(data, self.tokenizer, max_length=self.max_seq_len, chat_template=load_chat_template(tok),
+                              empty_think_ratio=self.empty_think_ratio, cache_dir=self.cache_dir)
         else:
             full = PretrainDataset(data, self.tokenizer, max_length=self.max_seq_len, cache_dir=self.cache_dir)
         n_val = math.ceil(len(full) * self.val_fraction) if self.val_fraction > 0 else 0

@@ -32,9 +32,10 @@ __all__ = ["DataError", "JsonlRecords", "PretrainDataset", "IGNORE_INDEX", "dete
            "check_pretrain_record", "parse_record"]
 
 IGNORE_INDEX = -100  # label value ignored by the cross-entropy loss
-KINDS = ("pretrain", "sft")
-# the field that marks each kind of record: MiniMind's pretrain {"text"} and SFT {"conversations"}
-KIND_FIELD = {"pretrain": "text", "sft": "conversations"}
+KINDS = ("pretrain", "sft", "dpo")
+# the field that marks each kind of record: MiniMind's pretrain {"text"}, SFT {"conversations"} and
+# DPO {"chosen", "rejected"} (lit_minimind.data.dpo checks "rejected")
+KIND_FIELD = {"pretrain": "text", "sft": "conversations", "dpo": "chosen"}
 _json_type = json_type  # the name the validators of other kinds import
 
 
@@ -186,16 +187,18 @@ def scan_jsonl(path: Path, check: RecordCheck | None = None) -> np.ndarray:
 
 
 def record_kind(record: dict, where: str) -> str:
-    """``"pretrain"`` for a ``{"text"}`` record, ``"sft"`` for a ``{"conversations"}`` one."""
+    """``"pretrain"`` for a ``{"text"}`` record, ``"sft"`` for a ``{"conversations"}`` one, ``"dpo"`` for
+    a ``{"chosen", "rejected"}`` one."""
     found = [kind for kind, field in KIND_FIELD.items() if field in record]
     if len(found) == 1:
         return found[0]
     keys = ", ".join(repr(k) for k in list(record)[:5]) or "none"
     if found:
-        raise DataError(f'{where}: record has both "text" and "conversations"; '
-                        "cannot tell pretraining from SFT data (set --data.kind)")
+        fields = " and ".join(f'"{KIND_FIELD[k]}"' for k in found)
+        raise DataError(f"{where}: record has both {fields}; cannot tell "
+                        f"{' from '.join(_KIND_DATA[k] for k in found)} data (set --data.kind)")
     raise DataError(f'{where}: record has neither "text" (pretraining) nor "conversations" (SFT) '
-                    f"(keys: {keys})")
+                    f'nor "chosen"/"rejected" (DPO) (keys: {keys})')
 
 
 def check_kind(record: dict, where: str, kind: str) -> None:
@@ -203,8 +206,8 @@ def check_kind(record: dict, where: str, kind: str) -> None:
     field = KIND_FIELD[kind]
     if field in record:
         return
-    other = next(k for k in KINDS if k != kind)
-    if KIND_FIELD[other] in record:
+    other = next((k for k in KINDS if k != kind and KIND_FIELD[k] in record), None)
+    if other is not None:
         raise DataError(
             f'{where}: {_KIND_NAME[other]} record ("{KIND_FIELD[other]}") in {_KIND_NAME[kind]} data '
             f'(records need "{field}"); one file holds one kind of data'
@@ -213,11 +216,12 @@ def check_kind(record: dict, where: str, kind: str) -> None:
     raise DataError(f'{where}: record has no "{field}" field (keys: {keys})')
 
 
-_KIND_NAME = {"pretrain": "a pretraining", "sft": "an SFT (chat)"}
+_KIND_NAME = {"pretrain": "a pretraining", "sft": "an SFT (chat)", "dpo": "a DPO (preference pair)"}
+_KIND_DATA = {"pretrain": "pretraining", "sft": "SFT", "dpo": "DPO"}
 
 
 def detect_kind(path: str | os.PathLike[str]) -> str:
-    """The kind of a jsonl data file (``"pretrain"`` or ``"sft"``), from its first non-blank record.
+    """The kind of a jsonl data file (``"pretrain"``, ``"sft"`` or ``"dpo"``), from its first non-blank record.
 
     Raises :class:`DataError` naming the file (and the line) when it is missing, empty, or
     the first record is neither kind. Later records are checked by the dataset's scan.

@@ -48,7 +48,7 @@ from lit_minimind.data.sampler import MINIMIND_SEED
 from lit_minimind.data.tokenizer import BOS_TOKEN, EOS_TOKEN, PAD_ID
 from lit_minimind.errors import DataError
 
-__all__ = ["SFTDataset", "SYSTEM_PROMPTS", "EMPTY_THINK", "augment", "minimind_labels", "check_sft_record"]
+__all__ = ["FollowsEpoch", "SFTDataset", "SYSTEM_PROMPTS", "EMPTY_THINK", "augment", "minimind_labels", "check_sft_record"]
 
 ROLES = ("system", "user", "assistant", "tool")
 EMPTY_THINK = "<think>\n\n</think>\n\n"  # what the template renders for an assistant turn without reasoning
@@ -65,7 +65,32 @@ class SupportsEpoch(Protocol):
     epoch: int
 
 
-class SFTDataset(JsonlRecords, Dataset[tuple[torch.Tensor, torch.Tensor]]):
+class FollowsEpoch:
+    """The epoch a dataset draws its augmentation for: :attr:`epoch` (:meth:`set_epoch`), or read at
+    each access from a source with an ``epoch`` attribute (:meth:`follow_epoch`)."""
+
+    epoch: int = 0
+    _epoch_source: SupportsEpoch | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use ``epoch`` for the augmentation draws (and stop following an epoch source)."""
+        self.epoch = int(epoch)
+        self._epoch_source = None
+
+    def follow_epoch(self, source: SupportsEpoch) -> None:
+        """Read the epoch from ``source.epoch`` at every access (e.g. the epoch sampler).
+
+        In DataLoader worker processes the source is the copy pickled when the loader's
+        iterator was created, which Lightning does after it set the epoch.
+        """
+        self._epoch_source = source
+
+    @property
+    def current_epoch(self) -> int:
+        return int(self._epoch_source.epoch) if self._epoch_source is not None else self.epoch
+
+
+class SFTDataset(FollowsEpoch, JsonlRecords, Dataset[tuple[torch.Tensor, torch.Tensor]]):
     """MiniMind SFT samples ``(input_ids, labels)`` (int64, length ``max_length``) from a jsonl file.
 
     Reads the file as :class:`lit_minimind.data.dataset.JsonlRecords` (offsets only, validated once).
@@ -117,24 +142,6 @@ class SFTDataset(JsonlRecords, Dataset[tuple[torch.Tensor, torch.Tensor]]):
         # MiniMind: tokenizer(f"{bos_token}assistant\n") and tokenizer(f"{eos_token}\n")
         self.answer_start = tokenizer.encode(f"{BOS_TOKEN}assistant\n", add_special_tokens=False).ids
         self.answer_end = tokenizer.encode(f"{EOS_TOKEN}\n", add_special_tokens=False).ids
-
-    # ----------------------------------------------------------------- epoch
-    def set_epoch(self, epoch: int) -> None:
-        """Use ``epoch`` for the augmentation draws (and stop following an epoch source)."""
-        self.epoch = int(epoch)
-        self._epoch_source = None
-
-    def follow_epoch(self, source: SupportsEpoch) -> None:
-        """Read the epoch from ``source.epoch`` at every access (e.g. the epoch sampler).
-
-        In DataLoader worker processes the source is the copy pickled when the loader's
-        iterator was created, which Lightning does after it set the epoch.
-        """
-        self._epoch_source = source
-
-    @property
-    def current_epoch(self) -> int:
-        return int(self._epoch_source.epoch) if self._epoch_source is not None else self.epoch
 
     # ----------------------------------------------------------------- samples
     def conversation(self, index: int) -> list[dict[str, Any]]:

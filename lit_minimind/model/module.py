@@ -11,10 +11,16 @@ import lightning as L
 import torch
 from torchmetrics.aggregation import MeanMetric
 
-from lit_minimind.checkpoint.weights import config_mismatches, shape_config
+from lit_minimind.checkpoint.read import read_checkpoint
+from lit_minimind.checkpoint.weights import config_mismatches, model_weights, shape_config
 from lit_minimind.data.sampler import MINIMIND_SEED
 from lit_minimind.errors import CheckpointError
 from lit_minimind.model import MiniMindConfig, MiniMindForCausalLM
+from lit_minimind.model.dpo import DPO_BETA, Reference, dpo_inputs, dpo_loss, file_sha256, token_log_probs
+from lit_minimind.model.lora import apply_lora, freeze_base, is_lora_key
+
+OBJECTIVES = ("auto", "lm", "dpo")
+START_WEIGHTS_KEY = "start_weights"  # {"path", "sha256"} of --from_weight in LoRA and DPO checkpoints
 
 
 def minimind_lr(step: int, total_steps: int, learning_rate: float, warmup_steps: int = 0) -> float:
@@ -39,7 +45,15 @@ def seed_rank(seed: int) -> None:
 
 
 class LitMiniMind(L.LightningModule):
-    """Pretraining MiniMind: loss = CE + MoE aux loss, AdamW, LR set per micro-batch as MiniMind does.
+    """MiniMind's training: loss = CE + MoE aux loss (pretraining, SFT, LoRA) or MiniMind's DPO loss + MoE
+    aux loss; AdamW over the trainable parameters, LR set per micro-batch as MiniMind does.
+
+    The stage is two settings: ``lora_rank`` (MiniMind's ``train_lora.py``: adapters on every square
+    Linear, :mod:`lit_minimind.model.lora`, the rest frozen) and ``objective`` (``dpo``: MiniMind's
+    ``train_dpo.py``, :mod:`lit_minimind.model.dpo`). LoRA and DPO runs keep something out of their
+    checkpoints that :meth:`use_start_weights` (``--from_weight``) provides again on resume: the frozen
+    base (LoRA) and the frozen reference model (DPO); its sha256 is recorded in every checkpoint and a
+    resume with another file is refused.
 
     Args:
         hidden_size, num_hidden_layers, use_moe, num_attention_heads, num_key_value_heads,
@@ -49,6 +63,10 @@ class LitMiniMind(L.LightningModule):
         weight_decay: AdamW weight decay (torch's default 0.01, as MiniMind).
         compile: ``torch.compile`` the model's forward (MiniMind's ``--use_compile 1``); its state dict,
             and so every checkpoint, keeps MiniMind's keys.
+        lora_rank: 0 (default) trains every weight; ``r > 0`` trains only rank-``r`` LoRA adapters
+            (MiniMind: 16). The state dict, so checkpoints and the fp16 export, holds only the adapters.
+        objective: ``lm`` (next-token CE), ``dpo`` (preference pairs) or ``auto``: ``dpo`` on DPO data.
+        beta: DPO's beta (MiniMind's ``--beta`` 0.15).
     """
 
     def __init__(
@@ -66,6 +84,9 @@ class LitMiniMind(L.LightningModule):
         warmup_steps: int = 0,
         weight_decay: float = 0.01,
         compile: bool = False,
+        lora_rank: int = 0,
+        objective: str = "auto",
+        beta: float = DPO_BETA,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -81,6 +102,17 @@ class LitMiniMind(L.LightningModule):
             dropout=dropout,
         )
         self.model = MiniMindForCausalLM(self.config)
+        if objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
+        if lora_rank < 0:
+            raise ValueError(f"lora_rank must be >= 0, got {lora_rank}")
+        self.objective = objective
+        if lora_rank:  # right after the model, as MiniMind: the adapters' init draws follow the model's
+            apply_lora(self.model, lora_rank)
+            freeze_base(self.model)
+            self.strict_loading = False  # checkpoints hold the adapters; the base comes from --from_weight
+        self.start_weights: dict[str, str] | None = None  # {"path", "sha256"} of --from_weight
+        self.reference: Reference | None = None  # DPO: a plain attribute, not a submodule (see Reference)
         # as MiniMind: DDP leaves the RoPE tables alone (constants on every rank, not state to broadcast)
         self._ddp_params_and_buffers_to_ignore = [n for n, _ in self.named_buffers() if n.endswith(("freqs_cos", "freqs_sin"))]
         if compile:
@@ -97,9 +129,42 @@ class LitMiniMind(L.LightningModule):
         """Under DDP, rank ``r > 0`` draws (dropout) from its own stream seeded ``seed + r``, as MiniMind's
         ``setup_seed(42 + rank)``; rank 0 keeps the stream seeded before the model was built (the weights
         are rank 0's on every rank: DDP broadcasts them). A resume then restores each rank's own state."""
+        if self.objective == "auto":
+            self.objective = "dpo" if getattr(self.trainer.datamodule, "data_kind", None) == "dpo" else "lm"
+        if self.objective == "dpo" and self.reference is None:
+            if self.start_weights is None:
+                from lit_minimind.errors import UsageError
+
+                raise UsageError("DPO needs --from_weight: the frozen reference model is built from it (MiniMind: full_sft)")
+            self.reference = self._build_reference(self.start_weights["path"], self.start_weights["sha256"])
         rank = self.trainer.global_rank
         if rank > 0:
             seed_rank(int(os.environ.get("PL_GLOBAL_SEED", MINIMIND_SEED)) + rank)  # Lightning's seed_everything sets it
+
+    def use_start_weights(self, path: str | os.PathLike[str]) -> None:
+        """Record ``--from_weight`` (path and sha256) for a stage that needs it again on resume: the LoRA
+        base (loaded into the model by the caller) and the DPO reference (built from it at setup)."""
+        self.start_weights = {"path": str(path), "sha256": file_sha256(path)}
+        self.reference = None
+
+    @property
+    def needs_start_weights(self) -> bool:
+        """Whether a resume needs ``--from_weight`` too (what the checkpoints leave out)."""
+        return bool(self.hparams.lora_rank) or self.objective == "dpo"
+
+    def _build_reference(self, path: str, sha256: str) -> Reference:
+        with torch.random.fork_rng(devices=[]):  # building it draws nothing from the training's stream
+            model = MiniMindForCausalLM(self.config)
+        model.load_state_dict(model_weights(read_checkpoint(path)), strict=False)
+        return Reference(model, path, sha256)
+
+    def state_dict(self, *args: Any, destination: Any = None, prefix: str = "", keep_vars: bool = False) -> Any:
+        """LoRA: only the adapters (the frozen base is ``--from_weight``'s, loaded again on resume)."""
+        state = super().state_dict(*args, destination=destination, prefix=prefix, keep_vars=keep_vars)
+        if self.hparams.lora_rank:
+            for key in [k for k in state if k.startswith(prefix + "model.") and not is_lora_key(k)]:
+                del state[key]
+        return state
 
     # ----------------------------------------------------------------- schedule
     def total_lr_steps(self) -> int:
@@ -121,24 +186,41 @@ class LitMiniMind(L.LightningModule):
         return self.model(input_ids, labels=labels)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        input_ids, labels = batch
         lr = self.lr_at(self.current_epoch, batch_idx + 1)
         for group in self.optimizers().param_groups:
             group["lr"] = lr
-        out = self.model(input_ids, labels=labels)
-        loss = out.loss + out.aux_loss
-        self.last_stats = {"loss": loss.detach(), "logits_loss": out.loss.detach(), "aux_loss": out.aux_loss.detach(), "lr": lr}
+        if self.objective == "dpo":
+            loss, stats = self.dpo_step(batch)
+        else:
+            input_ids, labels = batch
+            out = self.model(input_ids, labels=labels)
+            loss = out.loss + out.aux_loss
+            stats = {"loss": loss.detach(), "logits_loss": out.loss.detach(), "aux_loss": out.aux_loss.detach()}
+        self.last_stats = {**stats, "lr": lr}
         self.train_loss_mean.update(loss.detach().float())
         # per-micro-batch metrics go to the loggers from callbacks.MiniMindConsole, batched at its
         # log interval (Lightning's self.log would turn them into numbers, a host sync, every batch)
         return loss
+
+    def dpo_step(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """MiniMind's DPO loss + the policy's MoE aux loss, and the detached statistics to log."""
+        x, y, mask = dpo_inputs(batch)
+        assert self.reference is not None, "DPO without a reference model (use_start_weights)"
+        ref_log_probs = self.reference.log_probs(x, y, like=next(self.model.parameters()))
+        out = self.model(x)
+        dpo, rewards = dpo_loss(token_log_probs(out.logits, y), ref_log_probs, mask, self.hparams.beta)
+        loss = dpo + out.aux_loss
+        return loss, {"loss": loss.detach(), "dpo_loss": dpo.detach(), "aux_loss": out.aux_loss.detach(), **rewards}
 
     def on_train_epoch_end(self) -> None:
         if self.train_loss_mean.weight > 0:  # batches of this epoch trained (same count on every rank)
             self.log("mean_loss", self.train_loss_mean.compute(), prog_bar=True)  # one sync per epoch
         self.train_loss_mean.reset()
 
-    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        if self.objective == "dpo":  # val_loss: the DPO loss
+            self.val_loss_mean.update(self.dpo_step(batch)[1]["dpo_loss"].float())
+            return
         input_ids, labels = batch
         self.val_loss_mean.update(self.model(input_ids, labels=labels).loss.float())
 
@@ -150,16 +232,20 @@ class LitMiniMind(L.LightningModule):
         self.val_loss_mean.reset()
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(self.model.parameters(), lr=self.hparams.learning_rate, weight_decay=self.hparams.weight_decay)
+        trainable = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: the adapters only, as MiniMind
+        return torch.optim.AdamW(trainable, lr=self.hparams.learning_rate, weight_decay=self.hparams.weight_decay)
 
     # ----------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["model_config"] = self.config.to_dict()
+        if self.needs_start_weights and self.start_weights is not None:
+            checkpoint[START_WEIGHTS_KEY] = dict(self.start_weights)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint of another model shape or other data, naming every differing field at once
         (before anything is loaded)."""
-        problems = config_mismatches(shape_config(checkpoint.get("state_dict", {})), shape_config(self.state_dict()))
+        problems = config_mismatches(shape_config(checkpoint.get("state_dict", {})), shape_config(self.model.state_dict()))
+        problems += self.start_weights_mismatches(checkpoint)
         datamodule = self.trainer.datamodule
         data_state = checkpoint.get(type(datamodule).__qualname__) if datamodule is not None else None
         if data_state and hasattr(datamodule, "checkpoint_mismatches"):
@@ -171,3 +257,24 @@ class LitMiniMind(L.LightningModule):
         if state is not None:  # saved without the epoch's mean (MiniMind's files, older ones): it starts empty
             for key, value in self.train_loss_mean.state_dict(prefix="train_loss_mean.").items():
                 state.setdefault(key, torch.zeros_like(value))
+
+    def start_weights_mismatches(self, checkpoint: dict[str, Any]) -> list[str]:
+        """What a LoRA/DPO resume lacks: the adapters (LoRA), or the start weights the run began from."""
+        problems = []
+        if self.hparams.lora_rank:
+            own = [k for k in super().state_dict() if is_lora_key(k)]
+            missing = [k for k in own if k not in checkpoint.get("state_dict", {})]
+            if missing:
+                problems.append(f"LoRA adapters: the checkpoint lacks {len(missing)} of {len(own)} ({missing[0]}, ...); "
+                                "is it a LoRA run's checkpoint of this rank?")
+        saved = checkpoint.get(START_WEIGHTS_KEY)
+        if saved and self.needs_start_weights:
+            what = "reference model" if self.objective == "dpo" else "LoRA base"
+            if self.start_weights is None:
+                problems.append(f"--from_weight: none given, but the checkpoint's {what} is {saved['path']} "
+                                f"(sha256 {saved['sha256'][:12]}); pass it")
+            elif self.start_weights["sha256"] != saved["sha256"]:
+                problems.append(f"--from_weight {self.start_weights['path']} (the {what}) changed since the checkpoint was "
+                                f"written: sha256 {self.start_weights['sha256'][:12]}, checkpoint {saved['sha256'][:12]} "
+                                f"({saved['path']}); restore that file or start fresh")
+        return problems
