@@ -154,9 +154,9 @@ def _run_the_next_sitecustomize() -> None:
             return
 
 
-_run_the_next_sitecustomize()
-
 if MUTANT:
     if MUTANT not in MUTANTS:
         raise SystemExit(f"LIT_MINIMIND_MUTANT={MUTANT}: unknown (known: {', '.join(MUTANTS)})")
-    sys.meta_path.insert(0, _AfterImport(MUTANTS[MUTANT]))
+    sys.meta_path.insert(0, _AfterImport(MUTANTS[MUTANT]))  # first: the next one may import the project
+
+_run_the_next_sitecustomize()
