@@ -112,8 +112,10 @@ def test_interrupted_save_keeps_previous_file(tmp_path: Path, monkeypatch: pytes
     model, opt = _tiny()
     save_resume_checkpoint(model, opt, save_dir=tmp_path, weight="w", hidden_size=32, use_moe=False, epoch=0, step=1)
     before = (tmp_path / "w_32_resume.pth").read_bytes()
-    for name in ("os", "open", "_fsync_dir"):  # restored after the test
-        monkeypatch.setattr(atomic, name, getattr(atomic, name), raising=False)
+    import builtins
+
+    for name in ("os", "open", "_fsync_dir"):  # what faults.install() replaces: restored after the test
+        monkeypatch.setattr(atomic, name, getattr(atomic, name, getattr(builtins, name, None)), raising=False)
     monkeypatch.setattr(faults, "_faults_seen", {})
     monkeypatch.setenv("LIT_MINIMIND_TEST_FAIL", "write:_resume.pth:1:ENOSPC")  # its first data write fails
     faults.install()
