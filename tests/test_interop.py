@@ -16,8 +16,12 @@ def test_resume_from_original_minimind_file_reproduces_its_resumed_run(tmp_path:
     moe = variant == "moe"
     suffix = "_moe" if moe else ""
     src = MINIMIND / "original_run" / f"checkpoints__pretrain_64{suffix}_resume.step5.pth"
-    run = run_cli(tmp_path, tiny_args(epochs=1, accumulate=2, save_interval=5, moe=moe) + ["--ckpt_path", str(src)])
+    # --from_weight beside an explicit checkpoint: ignored, said so (the steps below are the resumed run's)
+    weights = MINIMIND / "original_run" / f"out__pretrain_64{suffix}.pth"
+    run = run_cli(tmp_path, tiny_args(epochs=1, accumulate=2, save_interval=5, moe=moe) + ["--ckpt_path", str(src),
+                                                                                          "--from_weight", str(weights)])
     assert run.returncode == 0, run.stderr[-3000:]
+    assert f"--from_weight {weights} ignored: --ckpt_path {src} is given" in run.stderr
     assert_resumed(run, 1, 6)
     expected = json.loads((MINIMIND / "original_run" / "runs.json").read_text())[f"{variant}_resumed"]["steps"]
     got = run.steps
