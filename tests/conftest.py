@@ -92,7 +92,10 @@ def run_cli(cwd: Path, args: list[str], *, kill_after_lines: int | None = None, 
         out.append(line)
         if LINE_RE.search(line):
             seen += 1
-        if line.startswith(("@@stopped-in-save", "@@stopped-after-save")) or (kill_after_lines is not None and seen >= kill_after_lines):
+        # "in", not "starts with": the writer thread's @@ line can land inside a console line the main
+        # thread is printing at that moment (print writes text and newline separately)
+        stopped = "@@stopped-in-save" in line or "@@stopped-after-save" in line
+        if stopped or (kill_after_lines is not None and seen >= kill_after_lines):
             (os.killpg if kill_group else os.kill)(proc.pid, signal.SIGKILL)
             break
     try:
