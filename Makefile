@@ -29,6 +29,10 @@ test: $(STAMP) lint
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -n 2 -m slow tests --ignore=tests/test_hf_transformers.py $(PYTEST_ARGS)
 
+# deliberate breaks (tests/mutants/sitecustomize.py) the suite must catch: < 15 min on 2 cores; CI runs it after test-slow
+test-mutants: $(STAMP)
+	$(PY) scripts/mutants.py --json mutants.json $(ARGS)
+
 bench: $(STAMP)
 	$(PY) -m benchmarks.run_all
 

@@ -58,10 +58,19 @@ class Run:
         return {(int(m[0]), int(m[2])): (m[4], m[5], m[6], m[7]) for m in self.lines}
 
 
+MUTANTS = ROOT / "tests" / "mutants"  # scripts/mutants.py: deliberate breaks, chosen by LIT_MINIMIND_MUTANT
+
+
 def cli_env(**extra: str) -> dict[str, str]:
+    """The CLI's environment; with ``LIT_MINIMIND_MUTANT`` set (``make test-mutants``) its sitecustomize
+    goes first on ``PYTHONPATH``, so the break applies in every process a test starts."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LIT_MINIMIND_TEST")}
-    # tests/helpers/site: its sitecustomize installs the test-only fault injection (tests/helpers/faults.py)
-    env.update({"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests" / "helpers" / "site")]), "WANDB_MODE": "offline", "LIT_MINIMIND_CACHE": str(ROOT / ".cache"),
+    # tests/helpers/site: its sitecustomize installs the test-only fault injection (tests/helpers/faults.py);
+    # a mutant's (tests/mutants) goes before it and runs it too
+    path = [str(ROOT), str(ROOT / "tests" / "helpers" / "site")]
+    if env.get("LIT_MINIMIND_MUTANT"):
+        path.insert(0, str(MUTANTS))
+    env.update({"PYTHONPATH": os.pathsep.join(path), "WANDB_MODE": "offline", "LIT_MINIMIND_CACHE": str(ROOT / ".cache"),
                 "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
                 "OMP_NUM_THREADS": "1", **extra})  # 1 thread: tests run side by side on 2 cores
     return env
@@ -85,7 +94,10 @@ def run_cli(cwd: Path, args: list[str], *, kill_after_lines: int | None = None, 
         out.append(line)
         if LINE_RE.search(line):
             seen += 1
-        if line.startswith(("@@stopped-in-save", "@@stopped-after-save")) or (kill_after_lines is not None and seen >= kill_after_lines):
+        # "in", not "starts with": the writer thread's @@ line can land inside a console line the main
+        # thread is printing at that moment (print writes text and newline separately)
+        stopped = "@@stopped-in-save" in line or "@@stopped-after-save" in line
+        if stopped or (kill_after_lines is not None and seen >= kill_after_lines):
             (os.killpg if kill_group else os.kill)(proc.pid, signal.SIGKILL)
             break
     try:
@@ -95,3 +107,50 @@ def run_cli(cwd: Path, args: list[str], *, kill_after_lines: int | None = None, 
         rest, err = proc.communicate()
     stdout = "".join(out) + (rest or "")
     return Run(proc.returncode, stdout, err, LINE_RE.findall(stdout))
+
+RESUME_RE = re.compile(r"resuming epoch (\d+) at step (\d+)/(\d+): skipping (\d+) trained batches"
+                       r"|resuming at the start of epoch (\d+)")
+
+
+def resumed_at(run: Run | str) -> tuple[int, int] | None:
+    """The 1-based ``(epoch, step)`` of the first batch a run's resume line names (``step`` 1 at the
+    start of an epoch), or ``None`` if the run did not resume. The last such line of the run counts
+    (torchrun's restarted attempt prints its own)."""
+    text = run if isinstance(run, str) else run.stderr + run.stdout
+    found = RESUME_RE.findall(text)
+    if not found:
+        return None
+    epoch, step, _iters, skipped, start = found[-1]
+    if start:
+        return int(start), 1
+    assert int(skipped) == int(step) - 1, f"resume line: step {step} but {skipped} skipped"
+    return int(epoch), int(step)
+
+
+def assert_resumed(run: Run | str, epoch: int, step: int, *, lines: dict | None = None) -> None:
+    """The run resumed at 1-based ``epoch``/``step`` (the first batch it trains; ``step=1``: the start of
+    the epoch, nothing skipped), and the first console line it printed (if any) is that batch.
+
+    ``lines``: the run's ``steps`` when they come from elsewhere (several processes' stdout)."""
+    where = resumed_at(run)
+    text = run if isinstance(run, str) else run.stderr
+    assert where is not None, f"the run did not resume (no 'resuming ...' line):\n{text[-2000:]}"
+    assert where == (epoch, step), f"resumed at epoch {where[0]} step {where[1]}, expected epoch {epoch} step {step}"
+    printed = lines if lines is not None else (run.steps if isinstance(run, Run) else {})
+    if printed:
+        assert min(printed) == (epoch, step), f"first trained step {min(printed)} != resume position {(epoch, step)}"
+
+
+def expected_resume(run_dir: Path, stem: str = "pretrain_64", iters: int = 12) -> tuple[int, int] | None:
+    """Where ``--ckpt_path last`` must resume in ``run_dir`` (same world size): the 1-based ``(epoch, step)``
+    after the checkpoint ``last`` names now (read before the run), ``None`` if there is none."""
+    import torch
+
+    from callbacks.files import resolve_last
+
+    last = resolve_last(run_dir / "checkpoints", stem)
+    if last is None:
+        return None
+    saved = torch.load(last, weights_only=True, map_location="cpu")
+    epoch, step = int(saved["epoch"]), int(saved["step"])
+    return (epoch + 2, 1) if step >= iters else (epoch + 1, step + 1)

@@ -112,5 +112,54 @@ def test_cli_reads_turns_from_stdin(export: Path, tokenizer: Tokenizer, monkeypa
 
 
 def test_prompt_and_chat_are_exclusive(export: Path) -> None:
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as exit_info:
         generate.main([str(export), "--prompt", "a", "--chat", "b"])
+    assert exit_info.value.code == 2  # a usage error, as argparse reports one
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real 1-step training run's files: a Lightning .ckpt, MiniMind's _resume.pth and the fp16 export."""
+    from conftest import need_shared, run_cli, tiny_args
+
+    need_shared()
+    run_dir = tmp_path_factory.mktemp("trained")
+    run = run_cli(run_dir, tiny_args("--trainer.max_steps", "1", save_interval=2))
+    assert run.returncode == 0, run.stderr[-2000:]
+    return run_dir
+
+
+@pytest.mark.parametrize("which", ["ckpt", "resume"])
+def test_generate_from_a_checkpoint_uses_its_weights(trained: Path, which: str, tokenizer: Tokenizer,
+                                                     monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """``generate`` takes a Lightning ``.ckpt`` or MiniMind's ``_resume.pth`` (the same file) and uses its weights."""
+    source = next((trained / "checkpoints").glob("*.ckpt")) if which == "ckpt" else \
+        trained / "checkpoints" / "pretrain_64_resume.pth"
+    saved = torch.load(source, weights_only=True)["model"]  # MiniMind's keys
+    loaded = {}
+    real = MiniMindForCausalLM.generate
+
+    def spy(self, input_ids, *args, **kwargs):
+        loaded.update(self.state_dict())
+        return real(self, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(MiniMindForCausalLM, "generate", spy)
+    rc = generate.main([str(source), "--tokenizer_path", str(TOKENIZER), "--prompt", "Hello", "--max_new_tokens", "4",
+                        "--temperature", "0"])
+    assert rc == 0 and capsys.readouterr().out.startswith("Hello")
+    assert saved.keys() <= loaded.keys()
+    # (its "model" is MiniMind's fp16 copy of the weights)
+    assert all(torch.equal(loaded[k].half(), saved[k].half()) for k in saved), "not the checkpoint's weights"
+
+
+@pytest.mark.parametrize("think", [False, True])
+def test_chat_think_opens_the_thinking_block(export: Path, tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch,
+                                             think: bool) -> None:
+    calls = recording_generate(monkeypatch)
+    rc = generate.main([str(export), "--tokenizer_path", str(TOKENIZER), "--chat", "why?", "--max_new_tokens", "4",
+                        "--temperature", "0", *(["--think"] if think else [])])
+    assert rc == 0
+    [(prompt, _)] = calls
+    text = tokenizer.decode(prompt, skip_special_tokens=False)
+    assert text.endswith("<think>\n" if think else "<think>\n\n</think>\n\n"), text[-40:]

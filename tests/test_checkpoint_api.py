@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -102,17 +103,27 @@ def test_save_and_load_resume_checkpoint_round_trip(tmp_path: Path, caplog: pyte
     assert load_resume_checkpoint(tmp_path, "pretrain", 32, use_moe=True) is None
 
 
-def test_interrupted_save_keeps_previous_file(tmp_path: Path) -> None:
+def test_interrupted_save_keeps_previous_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk fills up while the resume file is being written (the weights file is written already):
+    the previous resume file is intact, no tmp file is left."""
+    import lit_minimind.checkpoint.atomic as atomic
+    from tests.helpers import faults
+
     model, opt = _tiny()
     save_resume_checkpoint(model, opt, save_dir=tmp_path, weight="w", hidden_size=32, use_moe=False, epoch=0, step=1)
+    before = (tmp_path / "w_32_resume.pth").read_bytes()
+    import builtins
 
-    class Boom:
-        def state_dict(self):
-            raise OSError(28, "No space left on device")
-
-    with pytest.raises(OSError):
-        save_resume_checkpoint(model, opt, save_dir=tmp_path, weight="w", hidden_size=32, use_moe=False, epoch=0,
-                               step=2, extra_state={"boom": Boom()})
+    for name in ("os", "open", "_fsync_dir"):  # what faults.install() replaces: restored after the test
+        monkeypatch.setattr(atomic, name, getattr(atomic, name, getattr(builtins, name, None)), raising=False)
+    monkeypatch.setattr(faults, "_faults_seen", {})
+    monkeypatch.setenv("LIT_MINIMIND_TEST_FAIL", "write:_resume.pth:1:ENOSPC")  # its first data write fails
+    faults.install()
+    with pytest.raises(OSError, match="No space left"):
+        save_resume_checkpoint(model, opt, save_dir=tmp_path, weight="w", hidden_size=32, use_moe=False, epoch=0, step=2)
+    written = torch.load(tmp_path / "w_32.pth", weights_only=True)  # the step-2 weights went in before it
+    assert written.keys() == {k for k in model.state_dict()}
+    assert (tmp_path / "w_32_resume.pth").read_bytes() == before
     assert load_resume_checkpoint(tmp_path, "w", 32, world_size=1)["step"] == 1
     assert not list(tmp_path.glob("*.tmp"))
 
@@ -155,3 +166,57 @@ def test_manifest_accepts_the_file_it_replaces_until_the_rename(tmp_path: Path) 
     path.write_bytes(old_bytes[:-10])
     with pytest.raises(CheckpointError, match="size"):
         read_checkpoint(path)
+
+
+def test_resume_link_is_a_copy_where_a_hard_link_cannot_be(tmp_path: Path) -> None:
+    """A hard link across filesystems fails with EXDEV (a real one: /dev/shm is a tmpfs): the file is
+    copied instead, with the source's manifest, and reads back verified."""
+    import errno
+    import os
+    import tempfile
+
+    from lit_minimind.checkpoint.atomic import atomic_link, atomic_save
+
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("no second filesystem to link across")
+    with tempfile.TemporaryDirectory(dir=shm) as other:
+        source = Path(other) / "pretrain_32_e0_s1_g1.ckpt"
+        atomic_save({"step": 1, "w": torch.arange(4.0)}, source)
+        with pytest.raises(OSError) as cross:  # what the fallback is for
+            os.link(source, tmp_path / "probe")
+        assert cross.value.errno == errno.EXDEV
+        target = tmp_path / "pretrain_32_resume.pth"
+        atomic_link(source, target)
+        assert not os.path.samefile(source, target) and target.read_bytes() == source.read_bytes()
+        assert read_checkpoint(target)["step"] == 1
+        assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_resume_link_is_a_hard_link_where_it_can_be(tmp_path: Path) -> None:
+    import os
+
+    from lit_minimind.checkpoint.atomic import atomic_link, atomic_save
+
+    source = tmp_path / "pretrain_32_e0_s1_g1.ckpt"
+    atomic_save({"step": 1}, source)
+    atomic_link(source, tmp_path / "pretrain_32_resume.pth")
+    assert os.path.samefile(source, tmp_path / "pretrain_32_resume.pth")
+
+
+def test_resume_from_other_library_versions_warns() -> None:
+    """A checkpoint written with another torch or Lightning: a warning that resume may not be bit-exact;
+    with the same versions: none."""
+    import warnings
+
+    from callbacks.resume import ResumeCallback
+    from lit_minimind.resume.library import library_versions
+
+    here = library_versions()
+    for lib in ("torch", "lightning"):
+        message = f"checkpoint was written with {lib} 0.0.1, this run uses {here[lib]}: resume may not be bit-exact"
+        with pytest.warns(UserWarning, match=re.escape(message)):
+            ResumeCallback().load_state_dict({"versions": {**here, lib: "0.0.1"}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ResumeCallback().load_state_dict({"versions": dict(here)})

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
-from conftest import TINY_JSONL, cli_env, need_shared, run_cli, tiny_args
+from conftest import TINY_JSONL, assert_resumed, cli_env, need_shared, run_cli, tiny_args
 
 
 def load_out(run_dir: Path) -> dict:
@@ -31,14 +32,16 @@ def test_ddp_killed_and_resumed_on_two_and_on_one(tmp_path: Path) -> None:
         seeds.append(generator.initial_seed())
     assert seeds == [42, 43]
 
-    # killed (whole process group) during epoch 2: resumes from epoch 1's end or epoch 2's step 5
-    killed = run_cli(killed_dir, ddp + ["--ckpt_path", "last"], kill_after_lines=9)
-    assert killed.returncode == -9
+    # killed (whole process group) right after the 9th file commit: the export of epoch 2's step-5 save
+    killed = run_cli(killed_dir, ddp + ["--ckpt_path", "last"], env=cli_env(LIT_MINIMIND_TEST_STOP_AFTER_SAVE="9"))
+    assert killed.returncode == -9 and "@@stopped-after-save" in killed.stdout
     resumed = run_cli(killed_dir, ddp + ["--ckpt_path", "last"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    for key, values in resumed.steps.items():
-        assert values == ref.steps[key], f"step {key} differs after DDP resume"
-    assert all(torch.equal(a, b) for a, b in zip(load_out(ref_dir).values(), load_out(killed_dir).values()))
+    assert_resumed(resumed, 2, 6)
+    assert resumed.steps == {(2, 6): ref.steps[(2, 6)]}, "the resumed run trains exactly epoch 2's last batch"
+    ref_out, got_out = load_out(ref_dir), load_out(killed_dir)
+    assert got_out.keys() == ref_out.keys() and ref_out
+    assert all(torch.equal(ref_out[k], got_out[k]) for k in ref_out)
 
     # the same 2-process checkpoint (epoch 1, step 5 of 6) resumed on a single process
     one_dir = tmp_path / "one"
@@ -51,7 +54,7 @@ def test_ddp_killed_and_resumed_on_two_and_on_one(tmp_path: Path) -> None:
     single = run_cli(one_dir, single_args + ["--ckpt_path", "last"])
     assert single.returncode == 0, single.stderr[-3000:]
     assert "world size changed (2→1): step 5 → 10" in single.stderr
-    assert "resuming epoch 1 at step 11/12: skipping 10 trained batches" in single.stderr
+    assert_resumed(single, 1, 11)
     assert sorted(single.steps) == [(1, 11), (1, 12)] + [(2, s) for s in range(1, 13)]
     resume = torch.load(one_dir / "checkpoints" / "pretrain_64_resume.pth", weights_only=True)
     assert resume["world_size"] == 1 and resume["epoch"] == 1 and resume["step"] == 12
@@ -66,7 +69,8 @@ def test_epoch_end_checkpoint_resumes_on_another_world_size_at_the_next_epoch(tm
     assert two.returncode == 0, two.stderr[-3000:]
     one = run_cli(tmp_path, tiny_args(epochs=2) + ["--data.data_path", str(data), "--ckpt_path", "last"])
     assert one.returncode == 0, one.stderr[-3000:]
-    assert "world size changed (2→1)" in one.stderr and "resuming at the start of epoch 2" in one.stderr
+    assert "world size changed (2→1)" in one.stderr
+    assert_resumed(one, 2, 1)
     assert sorted(one.steps) == [(2, s) for s in range(1, 12)]
 
 
@@ -86,3 +90,22 @@ def test_each_rank_validates_its_share_of_the_validation_split() -> None:
         dm.trainer = SimpleNamespace(world_size=2, global_rank=rank, current_epoch=0)
         seen.append(list(dm.val_dataloader().sampler))
     assert len(dm.val_dataset) == 12 and [len(s) for s in seen] == [6, 6] and sorted(seen[0] + seen[1]) == list(range(12))
+
+
+@pytest.mark.slow
+def test_one_process_checkpoint_resumes_on_two(tmp_path: Path) -> None:
+    """Saved by 1 process at step 5 of 12, resumed on 2 (6 batches per rank): MiniMind's rule
+    ``step * 1 // 2`` = 2 per rank (4 of the 5 trained batches; the 5th is trained again), the window's
+    partial gradients dropped with a warning, and both epochs finish."""
+    need_shared()
+    one = tiny_args(epochs=2, accumulate=2, save_interval=5)
+    killed = run_cli(tmp_path, one, env=cli_env(LIT_MINIMIND_TEST_STOP_AFTER_SAVE="3"))
+    assert killed.returncode == -9 and "@@stopped-after-save" in killed.stdout
+    two = run_cli(tmp_path, tiny_args(epochs=2, accumulate=2, save_interval=5, devices=2) + ["--ckpt_path", "last"])
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert "world size changed (1→2): step 5 → 2" in two.stderr
+    assert "partial gradients are dropped" in two.stderr
+    assert_resumed(two, 1, 3)
+    assert sorted(two.steps) == [(1, s) for s in range(3, 7)] + [(2, s) for s in range(1, 7)]
+    resume = torch.load(tmp_path / "checkpoints" / "pretrain_64_resume.pth", weights_only=True)
+    assert (resume["world_size"], resume["epoch"], resume["step"]) == (2, 1, 6)

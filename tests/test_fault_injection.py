@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import cli_env, need_shared, run_cli, tiny_args
+from conftest import assert_resumed, cli_env, need_shared, run_cli, tiny_args
 
 FILES = {"checkpoint": ".ckpt", "resume_link": "_resume.pth", "export": "pretrain_64.pth"}
 OPS = {"checkpoint": ["write", "fsync", "manifest", "rename", "dirfsync"],
@@ -49,7 +49,12 @@ def test_fault_in_a_save_stops_clearly_and_resumes_exactly(tmp_path: Path, refer
 
     resumed = run_cli(tmp_path, args + ["--ckpt_path", "last"])
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    for key, values in resumed.steps.items():
-        assert values == reference["steps"][key], key
+    # a fault before the checkpoint itself was in place: from the step-5 save; after it (in the
+    # MiniMind files, or in the checkpoint's directory fsync, the file renamed already): from step 10's
+    at = (1, 11) if kind != "checkpoint" or op == "dirfsync" else (1, 6)
+    assert_resumed(resumed, *at)
+    # every step the uninterrupted run trained from there, with its values
+    assert resumed.steps == {key: values for key, values in reference["steps"].items() if key >= at}
     export = torch.load(tmp_path / "out" / "pretrain_64.pth", weights_only=True)
-    assert all(torch.equal(export[k], reference["export"][k]) for k in export)
+    assert export.keys() == reference["export"].keys()
+    assert all(torch.equal(export[k], reference["export"][k]) for k in reference["export"])

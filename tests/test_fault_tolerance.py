@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, cli_env, need_shared, run_cli, tiny_args
+from conftest import ROOT, assert_resumed, cli_env, expected_resume, need_shared, run_cli, tiny_args
 
 
 def seeded_trials() -> list[tuple[str, int]]:
@@ -31,7 +31,7 @@ def run_kill_trials(tmp_path: Path, trials: list[tuple[str, int]]) -> None:
     ref = run_cli(ref_dir, args)
     assert ref.returncode == 0
     ref_out = torch.load(ref_dir / "out" / "pretrain_64.pth", weights_only=True)
-    in_save = 0
+    in_save = resumed = 0
     for trial, (kind, where) in enumerate(trials):
         run_dir = tmp_path / f"t{trial}"
         run_dir.mkdir()
@@ -43,13 +43,20 @@ def run_kill_trials(tmp_path: Path, trials: list[tuple[str, int]]) -> None:
             killed = run_cli(run_dir, args + ["--ckpt_path", "last"], kill_after_lines=where)
         assert killed.returncode == -9
         assert not list(run_dir.glob("checkpoints/*.tmp")) or "@@stopped-in-save" in killed.stdout
+        want = expected_resume(run_dir)  # what `last` names now
         done = run_cli(run_dir, args + ["--ckpt_path", "last"])
         assert done.returncode == 0, done.stderr[-3000:]
+        if want is not None:
+            assert_resumed(done, *want)
+        else:  # killed before its first save: a fresh start, every step
+            assert "resuming" not in done.stderr and min(done.steps) == (1, 1)
+        resumed += want is not None
         for key, values in {**killed.steps, **done.steps}.items():
             assert values == ref.steps[key], (trial, key)
         out = torch.load(run_dir / "out" / "pretrain_64.pth", weights_only=True)
         assert all(torch.equal(out[k], ref_out[k]) for k in ref_out), f"trial {trial} differs"
     assert in_save == sum(kind == "save" for kind, _ in trials)
+    assert resumed, "no trial resumed: nothing was tested"
 
 
 def test_seeded_kill_trials_each_end_bit_identical(tmp_path: Path) -> None:
@@ -66,8 +73,9 @@ def test_seeded_kill_trials_each_end_bit_identical_rest(tmp_path: Path) -> None:
 def _partial_run(tmp_path: Path, *extra: str) -> tuple[Path, list[str]]:
     need_shared()
     args = tiny_args(epochs=1, accumulate=2, save_interval=3) + list(extra)
-    killed = run_cli(tmp_path, args, kill_after_lines=11)  # saves at 3, 6, 9 exist
-    assert killed.returncode == -9
+    # killed right after the 9th file commit: the step-9 save's export (saves at 3, 6, 9 complete)
+    killed = run_cli(tmp_path, args, env=cli_env(LIT_MINIMIND_TEST_STOP_AFTER_SAVE="9"))
+    assert killed.returncode == -9 and "@@stopped-after-save" in killed.stdout and "pretrain_64.pth" in killed.stdout
     return tmp_path / "checkpoints", args
 
 
@@ -86,7 +94,7 @@ def test_last_falls_back_past_corrupted_and_truncated_checkpoints(tmp_path: Path
     assert f"skipping checkpoint checkpoints/{newest.name}: checksum (crc32) differs" in run.stderr
     assert f"skipping checkpoint checkpoints/{resume_pth.name}: checksum (crc32) differs" in run.stderr
     assert f"skipping checkpoint checkpoints/{second.name}: size" in run.stderr
-    assert "resuming epoch 1 at step 4/12: skipping 3 trained batches" in run.stderr
+    assert_resumed(run, 1, 4)
 
 
 @pytest.mark.parametrize("kind", ["empty", "truncated", "foreign", "weights_only_export"])
@@ -186,7 +194,8 @@ def test_read_only_checkpoint_dir_after_a_good_save_keeps_it(tmp_path: Path) -> 
     if "unshare failed" in proc.stderr or "mount:" in proc.stderr:
         pytest.skip(f"no privilege for a read-only bind mount: {proc.stderr[:200]}")
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert "could not save the checkpoint" in proc.stderr
+    assert_resumed(proc.stderr, 1, 10)  # from the step-9 save, then its step-12 save fails
+    assert "could not save the checkpoint at epoch 1 step 12" in proc.stderr
     assert "Read-only file system" in proc.stderr or "Permission denied" in proc.stderr
     assert {p.name: p.read_bytes() for p in ckpt_dir.iterdir() if p.name in before} == before
 
@@ -197,11 +206,12 @@ def test_fresh_run_beside_an_older_runs_files_resumes_itself_and_keeps_them(tmp_
     assert old.returncode == 0
     old_ckpts = {p.name for p in (tmp_path / "checkpoints").glob("*.ckpt")}
     args = tiny_args(epochs=2, save_interval=5) + ["--model.learning_rate", "1e-3"]
-    new = run_cli(tmp_path, args, kill_after_lines=11)  # a fresh run; its step-10 save is done
-    assert new.returncode == -9
+    # a fresh run, killed right after its 6th file commit: the step-10 save's export
+    new = run_cli(tmp_path, args, env=cli_env(LIT_MINIMIND_TEST_STOP_AFTER_SAVE="6"))
+    assert new.returncode == -9 and "@@stopped-after-save" in new.stdout
     resumed = run_cli(tmp_path, args + ["--ckpt_path", "last"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resuming epoch 1 at step 11/12: skipping 10 trained batches" in resumed.stderr
+    assert_resumed(resumed, 1, 11)
     assert old_ckpts <= {p.name for p in (tmp_path / "checkpoints").glob("*.ckpt")}, "another run's files were pruned"
 
 
@@ -209,3 +219,42 @@ def test_resume_with_other_batch_size_fails(tmp_path: Path) -> None:
     ckpt_dir, args = _partial_run(tmp_path)
     run = run_cli(tmp_path, args + ["--ckpt_path", "last", "--data.batch_size", "6"])
     assert run.returncode == 2 and "batch size: checkpoint 4, this run 6" in run.stderr
+
+
+@pytest.mark.slow
+def test_a_really_full_filesystem_stops_the_run_and_the_resume_is_exact(tmp_path: Path) -> None:
+    """checkpoints/ on a 12 MB tmpfs (a private mount namespace): the step-3 save (7.5 MB) fits, the
+    step-6 one does not (ENOSPC from the kernel, no injection). The run stops with exit 2 naming it; the
+    files on that filesystem, copied out, resume exactly from step 3."""
+    need_shared()
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare(1) for a private tmpfs")
+    args = tiny_args(epochs=1, accumulate=2, save_interval=3)
+    ref_dir, run_dir, kept = tmp_path / "ref", tmp_path / "run", tmp_path / "kept"
+    for d in (ref_dir, run_dir / "checkpoints", kept):
+        d.mkdir(parents=True)
+    ref = run_cli(ref_dir, args)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    script = ('mount -t tmpfs -o size=12m tmpfs "$0" || exit 97; "$@"; rc=$?; df -k "$0" | tail -1 >&2; '
+              'cp -a "$0"/. "$KEPT"/; exit $rc')
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", script, str(run_dir / "checkpoints"), sys.executable, "-m",
+                           "lit_minimind.fit", *args], cwd=run_dir, env=cli_env(KEPT=str(kept)), capture_output=True,
+                          text=True, timeout=600)
+    if proc.returncode == 97:
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr[:200]}")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    (error,) = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert "could not save the checkpoint at epoch 1 step 6" in error and "No space left on device" in error, error
+    assert "Traceback" not in proc.stderr
+    assert not list(kept.glob("*.tmp")), "the failed write left its tmp file"
+    assert [p.name for p in kept.glob("*.ckpt")] and all("_s3_" in p.name for p in kept.glob("*.ckpt"))
+
+    shutil.rmtree(run_dir / "checkpoints")
+    shutil.copytree(kept, run_dir / "checkpoints")  # the full filesystem's files, now on a disk with room
+    resumed = run_cli(run_dir, args + ["--ckpt_path", "last"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_resumed(resumed, 1, 4)
+    assert resumed.steps == {key: values for key, values in ref.steps.items() if key >= (1, 4)}
+    ref_out = torch.load(ref_dir / "out" / "pretrain_64.pth", weights_only=True)
+    out = torch.load(run_dir / "out" / "pretrain_64.pth", weights_only=True)
+    assert out.keys() == ref_out.keys() and all(torch.equal(out[k], ref_out[k]) for k in ref_out)

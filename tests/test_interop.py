@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import MINIMIND, need_shared, run_cli, tiny_args
+from conftest import MINIMIND, assert_resumed, need_shared, run_cli, tiny_args
 
 
 @pytest.mark.parametrize("variant", ["dense", "moe"])
@@ -16,9 +16,13 @@ def test_resume_from_original_minimind_file_reproduces_its_resumed_run(tmp_path:
     moe = variant == "moe"
     suffix = "_moe" if moe else ""
     src = MINIMIND / "original_run" / f"checkpoints__pretrain_64{suffix}_resume.step5.pth"
-    run = run_cli(tmp_path, tiny_args(epochs=1, accumulate=2, save_interval=5, moe=moe) + ["--ckpt_path", str(src)])
+    # --from_weight beside an explicit checkpoint: ignored, said so (the steps below are the resumed run's)
+    weights = MINIMIND / "original_run" / f"out__pretrain_64{suffix}.pth"
+    run = run_cli(tmp_path, tiny_args(epochs=1, accumulate=2, save_interval=5, moe=moe) + ["--ckpt_path", str(src),
+                                                                                          "--from_weight", str(weights)])
     assert run.returncode == 0, run.stderr[-3000:]
-    assert "resuming epoch 1 at step 6/12: skipping 5 trained batches" in run.stderr
+    assert f"--from_weight {weights} ignored: --ckpt_path {src} is given" in run.stderr
+    assert_resumed(run, 1, 6)
     expected = json.loads((MINIMIND / "original_run" / "runs.json").read_text())[f"{variant}_resumed"]["steps"]
     got = run.steps
     assert sorted(got) == [(1, s["step"]) for s in expected]
@@ -48,6 +52,9 @@ def test_resume_from_original_minimind_file_reproduces_its_resumed_run(tmp_path:
     # what MiniMind's train_pretrain.py does with a resume file (--from_resume 1)
     model.load_state_dict(resume["model"], strict=True)
     torch.optim.AdamW(model.parameters(), lr=5e-4).load_state_dict(resume["optimizer"])
+    # MiniMind's GradScaler(enabled=(dtype == "float16")): disabled in float32, whose state is empty,
+    # exactly what a disabled scaler saves (an enabled one would refuse it; see test_precision_resume)
+    assert resume["scaler"] == torch.amp.GradScaler("cpu", enabled=False).state_dict() == {}
     torch.amp.GradScaler("cpu", enabled=False).load_state_dict(resume["scaler"])
     assert resume.get("step", 0) == 12 and resume["epoch"] == 0
     original = torch.load(MINIMIND / "original_run" / f"out__pretrain_64{suffix}.pth", weights_only=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_JSONL, cli_env, need_shared, run_cli, tiny_args
+from conftest import TINY_JSONL, assert_resumed, cli_env, expected_resume, need_shared, resumed_at, run_cli, tiny_args
 
 COMMITS_PER_SAVE = 3  # the checkpoint, MiniMind's _resume.pth link, the fp16 export
 
@@ -33,18 +33,31 @@ def assert_same(a: dict, b: dict) -> None:
         assert torch.equal(a[key], b[key]), f"{key} differs"
 
 
-def chain(run_dir: Path, args: list[str], stops: list[tuple[str, int | str]]) -> list:
-    """One process per stop: SIGKILLed in or right after its N-th file commit; then one to finish."""
+def resume_last(run_dir: Path, args: list[str], iters: int, **kwargs):
+    """``--ckpt_path last``; the process resumes where the checkpoint ``last`` names before it starts."""
+    want = expected_resume(run_dir, iters=iters)
+    run = run_cli(run_dir, args + ["--ckpt_path", "last"], **kwargs)
+    if want is None:
+        assert resumed_at(run) is None and (not run.steps or min(run.steps) == (1, 1)), run.stderr[-2000:]
+    elif resumed_at(run) is not None or run.returncode != -9:  # a kill may come before the resume line
+        assert_resumed(run, *want)
+    return run
+
+
+def chain(run_dir: Path, args: list[str], stops: list[tuple[str, int | str]], iters: int = 24) -> list:
+    """One process per stop: SIGKILLed in or right after its N-th file commit; then one to finish.
+    Each process after a save resumes where its checkpoint says."""
     runs = []
     for moment, commit in stops:
         env = cli_env(**{f"LIT_MINIMIND_TEST_STOP_{moment.upper()}_SAVE": str(commit)})
-        run = run_cli(run_dir, args + ["--ckpt_path", "last"], env=env)
+        run = resume_last(run_dir, args, iters, env=env)
         runs.append(run)
         if run.returncode == 0:
             break
         assert run.returncode == -9, run.stderr[-3000:]
-    final = run_cli(run_dir, args + ["--ckpt_path", "last"])
+    final = resume_last(run_dir, args, iters)
     assert final.returncode == 0, final.stderr[-3000:]
+    assert resumed_at(final) is not None, "the last process did not resume"
     return runs + [final]
 
 
@@ -57,8 +70,9 @@ def test_resumes_at_epoch_boundaries_move_forward(tmp_path: Path) -> None:
     ref = run_cli(ref_dir, args)
     assert ref.returncode == 0, ref.stderr[-3000:]
     runs = chain(run_dir, args, [("after", "1:.ckpt")] * 4)
-    starts = [re.search(r"resuming at the start of epoch (\d+)", r.stderr + r.stdout) for r in runs[1:]]
-    assert [int(m[1]) for m in starts if m] == [2, 3, 4, 5][: len(starts)], [r.stderr[-800:] for r in runs]
+    assert resumed_at(runs[0]) is None
+    for epoch, run in enumerate(runs[1:], start=2):  # each process resumes after the previous one's epoch
+        assert_resumed(run, epoch, 1)
     assert "global steps" in runs[-1].stdout
     for run in runs:
         for key, values in run.steps.items():
@@ -102,8 +116,9 @@ def test_kill_in_teardown_after_the_final_save_trains_nothing_again(tmp_path: Pa
     ref_dir, run_dir = tmp_path / "ref", tmp_path / "run"
     ref_dir.mkdir(), run_dir.mkdir()
     assert run_cli(ref_dir, args).returncode == 0
-    runs = chain(run_dir, args, [("after", 2 * COMMITS_PER_SAVE)])  # after the final export: in teardown
+    runs = chain(run_dir, args, [("after", 2 * COMMITS_PER_SAVE)], iters=12)  # after the final export: in teardown
     assert runs[0].returncode == -9 and len(runs[0].steps) == 24
+    assert_resumed(runs[1], 3, 1)  # past the last epoch: nothing to train
     assert runs[1].steps == {}, "a finished run trained again after its resume"
     assert "global steps: 12" in runs[1].stdout
     assert_same(final_weights(run_dir)[0], final_weights(ref_dir)[0])
@@ -126,8 +141,7 @@ def test_best_checkpoint_records_its_own_position(tmp_path: Path) -> None:
     assert (best["epoch"], best["step"], best["MiniMindDataModule"]["step"]) == (0, 6, 6)
     resumed = run_cli(run_dir, args + ["--ckpt_path", "checkpoints/pretrain_64_best.ckpt"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resuming epoch 1 at step 7/11: skipping 6 trained batches" in resumed.stderr
-    assert min(resumed.steps) == (1, 7)
+    assert_resumed(resumed, 1, 7)
     for key, values in resumed.steps.items():
         assert values == ref.steps[key], key
     assert_same(final_weights(run_dir)[0], final_weights(ref_dir)[0])

@@ -5,12 +5,13 @@ on another number of processes, compared with an uninterrupted run."""
 from __future__ import annotations
 
 import csv
+import math
 import random
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
-from conftest import cli_env, need_shared, run_cli, tiny_args
+import lightning as L
+from conftest import assert_resumed, cli_env, expected_resume, need_shared, resumed_at, run_cli, tiny_args
 from lightning.pytorch.loggers import CSVLogger
 from wandb_files import run_summary
 
@@ -51,8 +52,22 @@ def wandb_by_step(run_dir: Path) -> tuple[set[str], dict[int, dict]]:
                 values = {k: row[k] for k in KEYS}
                 step = int(row["micro_step"])
                 assert by_step.setdefault(step, values) == values, f"micro_step {step} logged with two values"
-    # a process killed before wandb wrote its run record leaves a run file without one (and without rows)
-    return {r["id"] for r in runs if r["id"] is not None or r["history"]}, by_step
+    # the id from the run directory's name: also a process killed before wandb wrote its run record has one
+    return {r["id"] for r in runs}, by_step
+
+
+def assert_derived_metrics(rows: list[dict[str, str]], run) -> None:
+    """``perplexity`` is exp(logits_loss); ``tokens_per_s`` counts the batch's tokens (4 x 63) over the time
+    since the previous batch (0 for a process's first); ``epoch_time`` is the console's estimate, in minutes."""
+    rows = [r for r in rows if r.get("micro_step")]
+    batch_tokens = 4 * 63
+    for row in rows:
+        assert math.isclose(float(row["perplexity"]), math.exp(float(row["logits_loss"])), rel_tol=1e-6), row
+        assert float(row["epoch_time"]) >= 0
+    speeds = [float(r["tokens_per_s"]) for r in rows]
+    assert speeds[0] == 0 and all(batch_tokens / 600 < v < batch_tokens * 1e4 for v in speeds[1:]), speeds
+    printed = [float(m[8]) for m in run.lines]
+    assert printed == [round(float(r["epoch_time"]), 1) for r in rows], "the console's epoch_time is the logged one"
 
 
 def wandb_means(run_dir: Path) -> dict[float, float]:
@@ -73,6 +88,7 @@ def test_seeded_sigkills_lose_no_logged_row_wandb_and_csv(tmp_path: Path) -> Non
     ref_csv = csv_by_step(csv_rows(ref_dir))
     _, ref_wandb = wandb_by_step(ref_dir)
     assert sorted(ref_csv) == sorted(ref_wandb) == list(range(1, 37))  # 3 epochs x 12 micro-batches
+    assert_derived_metrics(csv_rows(ref_dir), ref)
 
     # five kills at seeded moments: SIGKILL (whole process group, wandb's service too) after the k-th
     # console line of a process, inside the first checkpoint commit, right after it
@@ -81,6 +97,7 @@ def test_seeded_sigkills_lose_no_logged_row_wandb_and_csv(tmp_path: Path) -> Non
             ("after_save", "1:.ckpt"), ("lines", rng.randint(3, 8))]
     rng.shuffle(plan)
     for kind, at in plan:
+        want = expected_resume(run_dir)
         if kind == "lines":
             killed = run_cli(run_dir, args, kill_after_lines=at)
         else:
@@ -88,8 +105,13 @@ def test_seeded_sigkills_lose_no_logged_row_wandb_and_csv(tmp_path: Path) -> Non
             killed = run_cli(run_dir, args, env=env)
             assert f"@@stopped-{kind.replace('_', '-')}" in killed.stdout, (kind, killed.stdout[-2000:])
         assert killed.returncode == -9, (kind, at, killed.returncode, killed.stderr[-2000:])
+        if want is not None and resumed_at(killed) is not None:  # (a kill may come before the resume line)
+            assert_resumed(killed, *want)
+    want = expected_resume(run_dir)
+    assert want is not None, "no process saved a checkpoint"
     final = run_cli(run_dir, args)
     assert final.returncode == 0, final.stderr[-3000:]
+    assert_resumed(final, *want)
     assert "wandb: continuing run" in final.stderr and "logs: continuing" in final.stderr
 
     run_ids, history = wandb_by_step(run_dir)
@@ -120,6 +142,7 @@ def test_micro_step_continues_across_a_world_size_change(tmp_path: Path) -> None
     single = run_cli(tmp_path, one)
     assert single.returncode == 0, single.stderr[-3000:]
     assert "world size changed (2→1): step 5 → 10" in single.stderr
+    assert_resumed(single, 1, 11)
     rows = csv_rows(tmp_path)
     steps = [int(r["micro_step"]) for r in rows if r.get("micro_step")]
     # 5 micro-batches per rank on two processes, then 2 + 12 on one
@@ -147,7 +170,7 @@ def test_metrics_csv_is_cut_back_to_the_checkpoint_and_survives_a_kill_while_con
         assert [r["micro_step"] for r in csv.DictReader(f)] == ["1", "2", "", "3", "4", "5"]
 
 
-def test_checkpoint_carries_the_rows_since_the_save_before_the_previous_one_and_recent_ones(monkeypatch) -> None:
+def test_checkpoint_carries_the_rows_since_the_save_before_the_previous_one_and_recent_ones(monkeypatch, tmp_path: Path) -> None:
     def carried(state: dict) -> list[int]:
         return [row["metrics"]["micro_step"] for row in state["history"]]
 
@@ -162,17 +185,17 @@ def test_checkpoint_carries_the_rows_since_the_save_before_the_previous_one_and_
         state = console.state_dict()
     assert carried(state) == list(range(5, 13))
 
-    class Recorder:
-        rows: list = []
-
-        def log_metrics(self, metrics: dict, step: int) -> None:
-            self.rows.append((step, metrics["micro_step"]))
-
-    restored, recorder = MiniMindConsole(), Recorder()
+    # a real CSVLogger on a real Trainer (the one fit starts with) receives the carried rows
+    restored, logger = MiniMindConsole(), CSVLogger(tmp_path, name="logs", version=0)
+    trainer = L.Trainer(logger=logger, accelerator="cpu", devices=1, enable_progress_bar=False,
+                        enable_model_summary=False, enable_checkpointing=False)
     restored.load_state_dict(state)
     assert restored.micro_step == 12 and restored.history._saves == [4, 8, 12]
-    restored.history.replay(SimpleNamespace(is_global_zero=True, loggers=[recorder]))  # at fit start
-    assert recorder.rows == [(s // 2, s) for s in range(5, 13)]
+    restored.history.replay(trainer)  # at fit start
+    logger.save()
+    with open(tmp_path / "logs" / "version_0" / "metrics.csv", newline="") as f:
+        rows = [(int(r["step"]), int(r["micro_step"])) for r in csv.DictReader(f)]
+    assert rows == [(s // 2, s) for s in range(5, 13)]
     log(restored, range(13, 17), time.monotonic())
     assert carried(restored.state_dict()) == list(range(5, 17))  # logged again just now: carried again
     monkeypatch.setattr("callbacks.log_history.HISTORY_MIN_SECONDS", 0.0)

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import MINIMIND, TINY_JSONL, TOKENIZER, cli_env, need_shared, run_cli, tiny_args
+from conftest import MINIMIND, TINY_JSONL, TOKENIZER, assert_resumed, cli_env, need_shared, run_cli, tiny_args
 
 RUNS = json.loads((MINIMIND / "original_run" / "runs.json").read_text()) if MINIMIND.exists() else {}
 WEIGHTS = MINIMIND / "original_run" / "out__pretrain_64.pth"
@@ -52,6 +52,7 @@ def test_minimind_argv_reproduces_its_run_then_resume_with_nothing_left(tmp_path
     assert again.returncode == 0, again.stderr[-3000:]
     assert "--from_resume 1 -> --ckpt_path last" in again.stdout
     assert f"--from_weight {WEIGHTS} not used: resuming from" in again.stdout
+    assert_resumed(again, 2, 1)  # after the only epoch
     assert not again.steps and "== lit-minimind summary ==" in again.stdout and "loss: -" in again.stdout
 
 
@@ -62,6 +63,7 @@ def test_from_resume_picks_up_minimind_resume_file(tmp_path: Path) -> None:
                 tmp_path / "checkpoints" / "pretrain_64_resume.pth")
     run = run_cli(tmp_path, minimind_argv("dense_resumed") + ["--trainer.enable_progress_bar", "false"])
     assert run.returncode == 0, run.stderr[-3000:]
+    assert_resumed(run, 1, 6)
     assert_steps(run.steps, RUNS["dense_resumed"]["steps"])
 
 
@@ -157,3 +159,22 @@ def test_bad_value_is_one_error_line_and_exit_2(bad_runs: dict, case: str) -> No
     assert len(errors) == 1 and expected in errors[0], stderr[-3000:]
     assert "Traceback" not in stderr + stdout and "usage:" not in stderr
     assert "lit-minimind summary" not in stdout  # stopped before training
+
+
+def test_minimind_flags_parse_as_minimind_parses_them(tmp_path: Path) -> None:
+    """``--flag=value`` and ``--flag value``; a repeated flag: the later one wins (argparse's rule);
+    ``--device cuda:N`` (that device only); ``--use_wandb`` with ``--wandb_project`` (parsing only)."""
+    import yaml
+
+    argv = ["--epochs", "1", "--epochs=3", "--batch_size=8", "--device", "cuda:1", "--use_wandb",
+            "--wandb_project", "P", "--wandb_project=Q", "--print_config"]
+    run = subprocess.run([sys.executable, "-m", "lit_minimind.fit", *argv], cwd=tmp_path, env=cli_env(),
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    config = yaml.safe_load(run.stdout[run.stdout.index("seed_everything"):])
+    trainer = config["trainer"]
+    assert trainer["max_epochs"] == 3 and config["data"]["batch_size"] == 8
+    assert trainer["accelerator"] == "gpu" and trainer["devices"] in ([1], "[1]")
+    logger = trainer["logger"]
+    logger = logger[0] if isinstance(logger, list) else logger
+    assert logger["class_path"].endswith("WandbLogger") and logger["init_args"]["project"] == "Q"

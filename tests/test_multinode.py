@@ -22,13 +22,21 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from conftest import LINE_RE, cli_env, need_shared, run_cli, tiny_args
+from conftest import LINE_RE, assert_resumed, cli_env, expected_resume, need_shared, resumed_at, run_cli, tiny_args
 
 from callbacks.files import resolve_last
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 ADVICE = "Restart every node with the same command plus --ckpt_path last"
 TIMEOUT = ["--trainer.strategy", "lightning.pytorch.strategies.DDPStrategy", "--trainer.strategy.timeout", "0:00:10"]
+# a dead peer is seen from its closed connection, long before this timeout would expire
+LONG_TIMEOUT = ["--trainer.strategy", "lightning.pytorch.strategies.DDPStrategy", "--trainer.strategy.timeout", "0:02:00"]
+
+
+def next_batch(saved: dict, iters: int, world_size: int = 2, saved_world_size: int = 2) -> tuple[int, int]:
+    """The 1-based (epoch, step) after a checkpoint's MiniMind position, on ``world_size`` processes."""
+    epoch, step = int(saved["epoch"]), int(saved["step"]) * saved_world_size // world_size
+    return (epoch + 2, 1) if step >= iters else (epoch + 1, step + 1)
 
 
 def free_port() -> int:
@@ -194,6 +202,7 @@ def test_two_nodes_equal_one_node_and_resume_exactly_after_both_die(tmp_path: Pa
 
     resumed = torchrun(killed_dir, node_args("--ckpt_path", "last"))
     assert resumed.returncodes == [0, 0], resumed.stderr[0][-3000:]
+    assert_resumed(resumed.stderr[0], *next_batch(saved, iters=6), lines=resumed.steps)
     assert resumed.steps and min(resumed.steps) > (1, 4)
     for key, values in {**killed.steps, **resumed.steps}.items():
         assert values == ref_steps[key], f"step {key} differs after the 2-node resume"
@@ -205,6 +214,7 @@ def test_two_nodes_equal_one_node_and_resume_exactly_after_both_die(tmp_path: Pa
     got = run_cli(one_dir, single)
     assert got.returncode == 0, got.stderr[-3000:]
     assert "world size changed (2→1)" in got.stderr
+    assert_resumed(got, *next_batch(saved, iters=12, world_size=1))
     from_ref = tmp_path / "from_ref"
     (from_ref / "checkpoints").mkdir(parents=True)
     (ref_ckpt,) = (ref_dir / "checkpoints").glob(f"pretrain_64_e{saved['epoch']}_s{saved['step']}_g*.ckpt")
@@ -212,6 +222,7 @@ def test_two_nodes_equal_one_node_and_resume_exactly_after_both_die(tmp_path: Pa
         shutil.copy(f, from_ref / "checkpoints" / f.name)
     want = run_cli(from_ref, single)
     assert want.returncode == 0, want.stderr[-3000:]
+    assert_resumed(want, *next_batch(saved, iters=12, world_size=1))
     assert got.steps == want.steps and got.steps
     assert_same_weights(from_ref, one_dir)
 
@@ -220,16 +231,20 @@ def test_a_dead_node_stops_the_survivor_at_once_and_the_resume_is_exact(tmp_path
                                                                         reference: tuple[Path, dict]) -> None:
     """Node 1's worker SIGKILLed mid-training: gloo sees the closed connection; node 0 exits 3 at once."""
     ref_dir, ref_steps = reference
-    args = node_args(*TIMEOUT, "--ckpt_path", "last")
+    args = node_args(*LONG_TIMEOUT, "--ckpt_path", "last")
     died = torchrun(tmp_path, args, after_lines=8, action=lambda launchers: [w.kill() for w in workers(launchers[1])])
     assert died.returncodes[0] not in (0, None) and died.returncodes[1] not in (0, None)
     assert ADVICE in died.stderr[0] and "exitcode  : 3" in died.stderr[0]
     assert "[rank0]: Traceback" not in died.stderr[0]  # one line, no traceback
-    assert died.node0_exit_s is not None and died.node0_exit_s < 10, died.node0_exit_s  # no wait for the timeout
+    # no wait for the timeout (120 s): seconds on an idle machine, well under 40 s on a loaded one
+    assert died.node0_exit_s is not None and died.node0_exit_s < 40, died.node0_exit_s
     print(f"node 0 exited {died.node0_exit_s:.1f} s after node 1 died")
 
+    want = expected_resume(tmp_path, iters=6)
+    assert want is not None, "no checkpoint committed before node 1 died"
     resumed = torchrun(tmp_path, args)
     assert resumed.returncodes == [0, 0], resumed.stderr[0][-3000:]
+    assert_resumed(resumed.stderr[0], *want, lines=resumed.steps)
     for key, values in {**died.steps, **resumed.steps}.items():
         assert values == ref_steps[key], f"step {key} differs after the resume"
     assert_same_weights(ref_dir, tmp_path)
@@ -244,7 +259,9 @@ def test_a_hung_node_stops_the_survivor_after_the_timeout(tmp_path: Path, refere
     (advice,) = [line for line in died.stderr[0].splitlines() if ADVICE in line]
     assert "timed out" in advice.lower() or "timeout" in advice.lower(), advice  # gloo words it two ways
     assert "exitcode  : 3" in died.stderr[0]
-    assert died.node0_exit_s is not None and 10 <= died.node0_exit_s < 30, died.node0_exit_s
+    # the timeout, not before it (the blocked collective may have begun just before the stop), and not
+    # much after it: a loaded 2-core machine tears down within seconds; 60 s is far more
+    assert died.node0_exit_s is not None and 8 <= died.node0_exit_s < 60, died.node0_exit_s
     print(f"node 0 exited {died.node0_exit_s:.1f} s after node 1 hung (timeout 10 s)")
 
 
@@ -261,7 +278,7 @@ def test_torchrun_restarts_a_killed_worker_which_resumes_exactly(tmp_path: Path,
                    after_lines=9, action=kill_rank1)
     assert run.returncodes == [0], run.stderr[0][-3000:]
     assert ADVICE in run.stderr[0]  # rank 0 of the first attempt
-    assert "resuming" in run.stderr[0]
+    assert resumed_at(run.stderr[0]) is not None, "the restarted group did not resume"
     # the console lines of both attempts: the restarted one repeats the steps since the last save
     assert len(run.lines) > 12
     for m in run.lines:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 import warnings
@@ -81,6 +82,11 @@ def test_walkthrough_runs_top_to_bottom(tmp_path: Path, monkeypatch: pytest.Monk
     assert f"python:   {sys.executable}" in _stream_text(code[0]), "the kernel does not run the test's interpreter"
     assert all(not any(o.get("output_type") == "error" for o in cell.outputs) for cell in code)
     assert "walkthrough ran in" in _stream_text(code[-1])
+    # the resumed run said where it resumed: after a save (every 10 steps), not from the start
+    shown = "".join(_stream_text(cell) for cell in code)
+    where = re.search(r"resuming epoch 1 at step (\d+)/\d+: skipping (\d+) trained batches", shown)
+    assert where is not None, "the walkthrough's resumed run did not resume"
+    assert int(where[2]) > 0 and int(where[2]) % 10 == 0 and int(where[1]) == int(where[2]) + 1, where[0]
     figures = sorted(p.name for p in out.glob("*.png"))
     assert figures == ["learning_rate.png", "loss_kill_resume.png"]
     assert all((out / name).stat().st_size > 10_000 for name in figures)

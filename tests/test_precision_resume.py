@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import need_shared, run_cli, tiny_args
+from conftest import assert_resumed, need_shared, run_cli, tiny_args
 
 FP16 = ["--trainer.plugins", "lit_minimind.model.precision.CPUFloat16Mixed"]
 MOVING_SCALE = FP16 + ["--trainer.plugins.init_scale", "1e12"]  # overflows: the scaler backs off every step
@@ -46,6 +46,12 @@ def test_moved_scale_is_restored(tmp_path: Path, source: str) -> None:
     saved = {int(p.name.split("_s")[1].split("_")[0]): torch.load(p, weights_only=True)
              for p in (tmp_path / "ref" / "checkpoints").glob("*.ckpt")}
     assert saved[4]["scaler"]["scale"] < 1e12 and saved[6]["scaler"]["scale"] < saved[4]["scaler"]["scale"]
+    # MiniMind's float16 loader: an enabled GradScaler takes the _resume.pth's scaler state
+    minimind = torch.load(tmp_path / "ref" / "checkpoints" / "pretrain_64_resume.pth", weights_only=True)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1.0)
+    scaler.load_state_dict(minimind["scaler"])
+    last = max(saved)
+    assert scaler.get_scale() == saved[last]["scaler"]["scale"] < 1e12 and minimind["step"] == last
 
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints").mkdir(parents=True)
@@ -59,6 +65,8 @@ def test_moved_scale_is_restored(tmp_path: Path, source: str) -> None:
                    resume_from)
     resumed = run_cli(run_dir, args + ["--ckpt_path", str(resume_from), "--trainer.max_steps", "3"])
     assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert_resumed(resumed, 1, 5)
+    assert sorted(resumed.steps) == [(1, 5), (1, 6)]  # one optimizer step: global step 2 -> 3
     after = torch.load(only(run_dir, "*_e0_s6_*.ckpt"), weights_only=True)
     assert after["scaler"]["scale"] == saved[6]["scaler"]["scale"], "the scale was not restored"
 
@@ -82,6 +90,7 @@ def test_partial_gradients_survive_a_change_of_precision(tmp_path: Path, precisi
     shutil.copy(only(tmp_path / "ref", "*_e0_s5_*.ckpt"), run_dir / "checkpoints" / "from.ckpt")
     resumed = run_cli(run_dir, args + ["--trainer.precision", precision, "--ckpt_path", "checkpoints/from.ckpt"])
     assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert_resumed(resumed, 1, 6)
     after = torch.load(only(run_dir, "*_e0_s6_*.ckpt"), weights_only=True)
     for key, w0 in before["state_dict"].items():
         ref_delta, delta = after_ref["state_dict"][key] - w0, after["state_dict"][key] - w0

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import LINE_RE, Run, cli_env, need_shared, run_cli, tiny_args
+from conftest import LINE_RE, Run, assert_resumed, cli_env, need_shared, run_cli, tiny_args
 
 
 def run_and_signal(cwd: Path, args: list[str], after_lines: int, signals: list[int], again: int | None = None) -> Run:
@@ -57,7 +57,7 @@ def test_signal_saves_and_exits_zero_then_resume_is_exact(tmp_path: Path, signam
 
     resumed = run_cli(run_dir, args + ["--ckpt_path", "last"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert min(resumed.steps) == (last_step[0], last_step[1] + 1)
+    assert_resumed(resumed, last_step[0], last_step[1] + 1)
     for key, values in {**stopped.steps, **resumed.steps}.items():
         assert values == ref.steps[key]
     ref_w = torch.load(ref_dir / "out" / "pretrain_64.pth", weights_only=True)
@@ -67,11 +67,16 @@ def test_signal_saves_and_exits_zero_then_resume_is_exact(tmp_path: Path, signam
 
 def test_second_sigint_aborts_at_once(tmp_path: Path) -> None:
     need_shared()
-    # a 12-batch accumulation window: the first SIGINT waits for its end, the second cuts it short
-    run = run_and_signal(tmp_path, tiny_args(epochs=2, accumulate=12, save_interval=100), after_lines=1,
-                         signals=[signal.SIGINT], again=signal.SIGINT)
-    assert run.returncode == 130
+    # the first SIGINT (sent by the run itself in its first batch, which then waits for the next signal)
+    # would finish the optimizer step, save and exit 0; the second, sent once the first is reported, aborts
+    wait = ["--trainer.callbacks+=tests.helpers.signal_at.SignalAt", "--trainer.callbacks.phase=on_train_batch_start",
+            "--trainer.callbacks.signame=SIGINT", "--trainer.callbacks.then_wait=true"]
+    run = run_and_signal(tmp_path, tiny_args(epochs=2, accumulate=2, save_interval=100) + wait, after_lines=10**9,
+                         signals=[], again=signal.SIGINT)
+    assert "SIGINT received: finishing" in run.stdout, run.stderr[-2000:]
+    assert run.returncode == 130, run.stderr[-2000:]
     assert "second SIGINT: aborting now" in run.stdout
+    assert not run.steps and not list((tmp_path / "checkpoints").glob("*.ckpt")), "saved or trained on"
 
 
 def test_sigterm_under_ddp_stops_all_ranks_at_the_same_step(tmp_path: Path) -> None:
@@ -83,4 +88,4 @@ def test_sigterm_under_ddp_stops_all_ranks_at_the_same_step(tmp_path: Path) -> N
     assert resume["world_size"] == 2 and resume["step"] % 2 == 0 and (resume["epoch"], resume["step"]) < (1, 6)
     resumed = run_cli(tmp_path, args + ["--ckpt_path", "last"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert min(resumed.steps) == (resume["epoch"] + 1, resume["step"] + 1)
+    assert_resumed(resumed, resume["epoch"] + 1, resume["step"] + 1)

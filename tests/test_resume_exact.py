@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import cli_env, need_shared, run_cli, tiny_args
+from conftest import Run, assert_resumed, cli_env, expected_resume, need_shared, resumed_at, run_cli, tiny_args
 
 SCENARIOS = {
     # name: (extra CLI args, moe)
@@ -32,22 +32,37 @@ def assert_same_tensors(a: dict, b: dict) -> None:
         assert torch.equal(a[k], b[k]), f"tensor {k} differs"
 
 
-def run_until_done(run_dir: Path, args: list[str], rng: random.Random, kills: int, total_lines: int) -> list:
-    """SIGKILL ``kills`` times (after a random console line, or inside a random save), then finish."""
+def run_resuming(run_dir: Path, args: list[str], stem: str, iters: int = 12, **kwargs) -> Run:
+    """``args + --ckpt_path last``, asserting it resumed where the checkpoint ``last`` names (or, with
+    none on disk, that it started fresh)."""
+    want = expected_resume(run_dir, stem, iters)
+    run = run_cli(run_dir, args + ["--ckpt_path", "last"], **kwargs)
+    if want is None:
+        assert resumed_at(run) is None, run.stderr[-2000:]
+    elif run.returncode != -9 or resumed_at(run) is not None:  # a kill may come before the resume line
+        assert_resumed(run, *want)
+    return run
+
+
+def run_until_done(run_dir: Path, args: list[str], rng: random.Random, kills: int, total_lines: int,
+                   stem: str = "pretrain_64", iters: int = 12) -> list:
+    """SIGKILL ``kills`` times (after a random console line, or inside a random save), then finish;
+    every process after a save resumes where its checkpoint says."""
     runs = []
     for i in range(kills):
         if rng.random() < 0.5:
-            run = run_cli(run_dir, args + ["--ckpt_path", "last"], kill_after_lines=rng.randint(1, total_lines - 1))
+            run = run_resuming(run_dir, args, stem, iters, kill_after_lines=rng.randint(1, total_lines - 1))
         else:
             env = cli_env(LIT_MINIMIND_TEST_STOP_IN_SAVE=str(rng.randint(1, 6)))
-            run = run_cli(run_dir, args + ["--ckpt_path", "last"], env=env)
+            run = run_resuming(run_dir, args, stem, iters, env=env)
         runs.append(run)
         if run.returncode == 0:  # finished before the planned kill point
             return runs
         assert run.returncode == -9, run.stderr[-3000:]
-    final = run_cli(run_dir, args + ["--ckpt_path", "last"])
+    final = run_resuming(run_dir, args, stem, iters)
     assert final.returncode == 0, final.stderr[-3000:]
     runs.append(final)
+    assert any(resumed_at(r) for r in runs), "no process resumed: nothing was tested"
     return runs
 
 
@@ -63,7 +78,7 @@ def test_kill_anywhere_resume_is_bit_identical(tmp_path: Path, name: str) -> Non
     assert len(ref.steps) == 24  # 2 epochs x 12 batches
 
     rng = random.Random(f"kill-{name}")
-    runs = run_until_done(kill_dir, args, rng, kills=3, total_lines=24)
+    runs = run_until_done(kill_dir, args, rng, kills=3, total_lines=24, stem=f"pretrain_64{'_moe' if moe else ''}")
     assert len(runs) >= 2, "no kill happened"
     seen: dict = {}
     for run in runs:
@@ -92,8 +107,32 @@ def test_kill_inside_the_final_save_still_ends_with_final_files(tmp_path: Path, 
     assert killed.returncode == -9 and "@@stopped-in-save" in killed.stdout
     done = run_cli(run_dir, args + ["--ckpt_path", "last"])
     assert done.returncode == 0, done.stderr[-3000:]
+    # killed in the checkpoint's own commit: the step-10 save is the newest; after it: nothing left to train
+    assert_resumed(done, *{16: (2, 11), 17: (3, 1), 18: (3, 1)}[write])
     ref_weights, ref_resume = final_state(ref_dir, False)
     weights, resume = final_state(run_dir, False)
     assert_same_tensors(weights, ref_weights)
     assert_same_tensors(resume["state_dict"], ref_resume["state_dict"])
     assert (resume["epoch"], resume["step"]) == (1, 12)
+
+
+@pytest.mark.parametrize("save", ["async", pytest.param("sync", marks=pytest.mark.slow)])
+def test_dropout_draws_continue_after_a_resume(tmp_path: Path, save: str) -> None:
+    """Dropout draws from the global RNG on every batch: killed right after the step-4 save and resumed,
+    the run draws what the uninterrupted one drew (each rank's RNG state is in the checkpoint). Also with
+    ``--resume.async_save false`` (saves written in the training thread)."""
+    need_shared()
+    args = tiny_args(epochs=1, accumulate=2, save_interval=4) + ["--model.dropout", "0.2",
+                                                                 f"--resume.async_save={str(save == 'async').lower()}"]
+    ref_dir, run_dir = tmp_path / "ref", tmp_path / "run"
+    ref_dir.mkdir(), run_dir.mkdir()
+    ref = run_cli(ref_dir, args)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    # killed right after the step-4 save's last file (its export, the 3rd commit)
+    killed = run_cli(run_dir, args, env=cli_env(LIT_MINIMIND_TEST_STOP_AFTER_SAVE="3"))
+    assert killed.returncode == -9 and "@@stopped-after-save" in killed.stdout
+    done = run_cli(run_dir, args + ["--ckpt_path", "last"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_resumed(done, 1, 5)
+    assert done.steps == {key: values for key, values in ref.steps.items() if key >= (1, 5)}
+    assert_same_tensors(final_state(run_dir, False)[0], final_state(ref_dir, False)[0])

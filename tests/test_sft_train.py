@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import MINIMIND, TOKENIZER, cli_env, need_shared, run_cli
+from conftest import MINIMIND, TOKENIZER, assert_resumed, cli_env, need_shared, run_cli
 from test_resume_exact import assert_same_tensors, run_until_done
 
 SFT = MINIMIND / "sft"
@@ -85,7 +85,7 @@ def test_from_resume_continues_minimind_sft_file(tmp_path: Path) -> None:
     run = run_cli(tmp_path, minimind_sft_argv("sft_resumed"))  # ends in --from_resume 1
     assert run.returncode == 0, run.stderr[-3000:]
     assert "--from_resume 1 -> --ckpt_path last" in run.stdout
-    assert "resuming epoch 1 at step 6/12: skipping 5 trained batches" in run.stderr
+    assert_resumed(run, 1, 6)
     assert_steps(run.steps, RUNS["sft_resumed"]["steps"])
     assert (tmp_path / "out" / "full_sft_64.pth").is_file()
 
@@ -108,7 +108,8 @@ def test_kill_anywhere_on_sft_data_with_augmentation(tmp_path: Path, workers: in
     assert ref.returncode == 0, ref.stderr[-3000:]
     assert len(ref.steps) == 24  # 2 epochs x 12 batches of 4 conversations
 
-    runs = run_until_done(kill_dir, args, random.Random(f"kill-sft-{workers}"), kills=3, total_lines=24)
+    runs = run_until_done(kill_dir, args, random.Random(f"kill-sft-{workers}"), kills=3, total_lines=24,
+                          stem="full_sft_64")
     assert len(runs) >= 2, "no kill happened"
     assert any("--from_weight" in r.stdout and "not used: resuming from" in r.stdout for r in runs[1:]), \
         "a resumed run must take the checkpoint's weights, not --from_weight's"

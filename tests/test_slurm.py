@@ -10,13 +10,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
 import torch
-from conftest import LINE_RE, Run, cli_env, need_shared, run_cli, tiny_args
+from conftest import LINE_RE, Run, assert_resumed, cli_env, need_shared, run_cli, tiny_args
 from lightning.fabric.plugins.environments import SLURMEnvironment
 
 from callbacks.preemption import STOP, cluster_plugins, slurm_job_id, under_slurm
@@ -87,7 +86,7 @@ def test_sigusr1_under_slurm_saves_then_requeues_and_the_requeued_job_resumes_ex
     # the requeued job: the same command in the same environment
     resumed = run_cli(run_dir, args + ["--ckpt_path", "last"], env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert min(resumed.steps) == (last_step[0], last_step[1] + 1)
+    assert_resumed(resumed, last_step[0], last_step[1] + 1)
     for key, values in {**stopped.steps, **resumed.steps}.items():
         assert values == ref.steps[key], f"step {key} differs"
     ref_w, got_w = weights(ref_dir), weights(run_dir)
@@ -122,19 +121,25 @@ def test_sigusr1_on_one_slurm_task_of_two_stops_both_and_only_rank_0_requeues(tm
                                        "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank),
                                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
         out_files.append((open(tmp_path / f"task{rank}.out", "w+"), open(tmp_path / f"task{rank}.err", "w+")))
+        # rank 0's stdout through a pipe: the test reads its console lines as they come
         procs.append(subprocess.Popen([sys.executable, "-m", "lit_minimind.fit", *args], cwd=tmp_path, env=env,
-                                      text=True, stdout=out_files[-1][0], stderr=out_files[-1][1],
-                                      start_new_session=True))
+                                      text=True, stdout=subprocess.PIPE if rank == 0 else out_files[-1][0],
+                                      stderr=out_files[-1][1], start_new_session=True))
+    rank0_out: list[str] = []
     try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and len(LINE_RE.findall((tmp_path / "task0.out").read_text())) < 2:
-            time.sleep(0.2)
+        assert procs[0].stdout is not None
+        for line in procs[0].stdout:  # the signal right after rank 0's 2nd console line
+            rank0_out.append(line)
+            if len(LINE_RE.findall("".join(rank0_out))) >= 2:
+                break
         os.kill(procs[1].pid, signal.SIGUSR1)
+        rank0_out.append(procs[0].communicate(timeout=240)[0])
         codes = [p.wait(timeout=240) for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
+    out_files[0][0].write("".join(rank0_out))
     texts = [(o.seek(0), o.read(), e.seek(0), e.read()) for o, e in out_files]
     assert codes == [0, 0], texts[0][3][-3000:] + texts[1][3][-3000:]
     assert "SIGUSR1 received" in texts[1][1] and "SIGUSR1 received" not in texts[0][1]
@@ -209,3 +214,24 @@ def test_the_sbatch_template_asks_for_the_signal_and_requeue_and_its_flags_parse
     for expected in ("num_nodes: 2", "devices: '8'", "class_path: lightning.pytorch.strategies.DDPStrategy",
                      "timeout: 0:10:00", "ckpt_path: last", "batch_size: 2", "accelerator: gpu"):
         assert expected in run.stdout, expected
+
+
+@pytest.mark.slow
+def test_failing_scontrol_requeue_exits_4_with_the_checkpoint_saved(tmp_path: Path) -> None:
+    """``scontrol requeue`` fails (a job that is not requeueable): exit 4 with its reason; the checkpoint
+    is committed, and resuming from it works."""
+    need_shared()
+    env, log = env_with(tmp_path, SLURM)
+    scontrol = tmp_path / "bin" / "scontrol"
+    scontrol.write_text('#!/bin/sh\necho "$*" >> "$SCONTROL_LOG"\necho "Requested operation not supported on this job" >&2\nexit 1\n')
+    args = tiny_args(epochs=2, accumulate=2, save_interval=100)
+    stopped = run_signalled(tmp_path, args + ["--ckpt_path", "last"], env, after_lines=3, signum=signal.SIGUSR1)
+    assert stopped.returncode == 4, stopped.stderr[-3000:]
+    assert f"scontrol requeue {JOB_ID} failed" in stopped.stderr
+    assert "Requested operation not supported on this job" in stopped.stderr
+    assert log.read_text().splitlines() == [f"requeue {JOB_ID}"]
+    last_step = max(stopped.steps)
+    one_more = ((last_step[0] - 1) * 12 + last_step[1]) // 2 + 1  # optimizer steps: one after the checkpoint
+    resumed = run_cli(tmp_path, args + ["--ckpt_path", "last", "--trainer.max_steps", str(one_more)], env=env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_resumed(resumed, last_step[0], last_step[1] + 1)

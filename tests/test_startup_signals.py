@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import need_shared, run_cli, tiny_args
+from conftest import assert_resumed, cli_env, need_shared, resumed_at, run_cli, tiny_args
 
 # before restore and after it (before Lightning's handlers) behave like restore itself: `make test-slow`
 PHASES = [pytest.param("setup", marks=pytest.mark.slow), "on_load_checkpoint",
@@ -28,8 +28,9 @@ def test_signal_during_start_up_of_a_resume(tmp_path: Path, phase: str) -> None:
     ref_dir.mkdir(), run_dir.mkdir()
     ref = run_cli(ref_dir, args)
     assert ref.returncode == 0, ref.stderr[-3000:]
-    first = run_cli(run_dir, args, kill_after_lines=6)  # saved after batch 4
-    assert first.returncode == -9
+    # killed right after the step-4 save's last file (its export, the 3rd commit)
+    first = run_cli(run_dir, args, env=cli_env(LIT_MINIMIND_TEST_STOP_AFTER_SAVE="3"))
+    assert first.returncode == -9 and "@@stopped-after-save" in first.stdout
     files = {p.name: p.read_bytes() for p in (run_dir / "checkpoints").glob("*.ckpt")}
 
     stopped = run_cli(run_dir, args + ["--ckpt_path", "last", *signal_at(phase)])
@@ -37,6 +38,8 @@ def test_signal_during_start_up_of_a_resume(tmp_path: Path, phase: str) -> None:
     assert "Traceback" not in stopped.stderr
     assert "SIGTERM received" in stopped.stdout
     assert len([line for line in stopped.stderr.splitlines() if "stopped by SIGTERM" in line]) == 1, stopped.stderr[-2000:]
+    if phase in ("on_fit_start", "train_dataloader", "on_train_batch_start") or resumed_at(stopped):  # restored
+        assert_resumed(stopped, 1, 5)
     if phase != "on_train_batch_start":  # nothing trained: the checkpoints are the same files
         assert not stopped.steps
         assert {p.name: p.read_bytes() for p in (run_dir / "checkpoints").glob("*.ckpt")} == files
@@ -45,6 +48,7 @@ def test_signal_during_start_up_of_a_resume(tmp_path: Path, phase: str) -> None:
 
     done = run_cli(run_dir, args + ["--ckpt_path", "last"])
     assert done.returncode == 0, done.stderr[-3000:]
+    assert_resumed(done, 1, 7 if phase == "on_train_batch_start" else 5)
     for run in (first, stopped, done):
         for key, values in run.steps.items():
             assert values == ref.steps[key], key

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import MINIMIND, ROOT, cli_env, need_shared, run_cli, tiny_args
+from conftest import MINIMIND, ROOT, assert_resumed, cli_env, need_shared, run_cli, tiny_args
 
 from lit_minimind.model.module import minimind_lr
 
@@ -107,7 +107,26 @@ def test_presets_parse(preset: str) -> None:
     result = subprocess.run([sys.executable, "-m", "lit_minimind.fit", "--config", f"conf/{preset}", "--print_config"],
                             cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "hidden_size" in result.stdout and "save_interval" in result.stdout
+    import yaml
+
+    given, used = yaml.safe_load((ROOT / "conf" / preset).read_text()), yaml.safe_load(result.stdout)
+    assert given, f"{preset} sets nothing"
+    assert_within(given, used, preset)
+
+
+def assert_within(given: object, used: object, where: str) -> None:
+    """Every value a preset sets is the value the run uses (the printed config adds defaults beside them)."""
+    if isinstance(given, dict):
+        assert isinstance(used, dict), f"{where}: {used!r} is not a mapping"
+        for key, value in given.items():
+            assert key in used, f"{where}.{key}: not in the run's config"
+            assert_within(value, used[key], f"{where}.{key}")
+    elif isinstance(given, list):
+        assert isinstance(used, list) and len(used) == len(given), f"{where}: {used!r}"
+        for i, (a, b) in enumerate(zip(given, used)):
+            assert_within(a, b, f"{where}[{i}]")
+    else:
+        assert given == used or str(given) == str(used), f"{where}: preset {given!r}, run uses {used!r}"
 
 
 def test_validation_split_keeps_best_checkpoint(tmp_path: Path) -> None:
@@ -150,7 +169,7 @@ def test_stop_by_max_steps_saves_where_it_stopped(tmp_path: Path) -> None:
     rest = run_cli(run_dir, args + ["--ckpt_path", "last"])
     assert rest.returncode == 0, rest.stderr[-3000:]
     assert sorted(rest.steps) == [(1, s) for s in range(7, 13)]
-    assert "resuming epoch 1 at step 7/12: skipping 6 trained batches" in rest.stderr
+    assert_resumed(rest, 1, 7)
 
 
 def test_validation_split_resume_at_epoch_end_keeps_each_validation(tmp_path: Path) -> None:
@@ -161,6 +180,6 @@ def test_validation_split_resume_at_epoch_end_keeps_each_validation(tmp_path: Pa
     more = [a if a != "1" or args[i - 1] != "--trainer.max_epochs" else "2" for i, a in enumerate(args)]
     second = run_cli(tmp_path, more + ["--ckpt_path", "last"])
     assert second.returncode == 0, second.stderr[-3000:]
-    assert "resuming at the start of epoch 2" in second.stderr
+    assert_resumed(second, 2, 1)
     assert sorted(second.steps) == [(2, s) for s in range(1, 10)]
     assert second.stderr.count("new best val_loss") == 1  # epoch 2's validation ran (and beat epoch 1's)

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
-from conftest import MINIMIND, ROOT, cli_env, need_shared, run_cli, tiny_args
+from conftest import MINIMIND, ROOT, Run, assert_resumed, cli_env, expected_resume, need_shared, run_cli, tiny_args
 from wandb_files import run_summary
 
 KEYS = ("loss", "logits_loss", "aux_loss", "learning_rate")
 
 
-def kill_in_save(cwd: Path, args: list[str], save_number: int) -> int:
+def kill_in_save(cwd: Path, args: list[str], save_number: int) -> Run:
     """SIGKILL the run (wandb's service too) inside its ``save_number``-th file write, at once: rows
     wandb had not written to its run file yet are logged again by the resumed run (the checkpoint
     carries them)."""
     killed = run_cli(cwd, args, env=cli_env(LIT_MINIMIND_TEST_STOP_IN_SAVE=str(save_number)))
     assert "@@stopped-in-save" in killed.stdout
-    return killed.returncode
+    return killed
 
 
 def wandb_args() -> list[str]:
@@ -27,11 +28,17 @@ def wandb_args() -> list[str]:
 def test_killed_twice_one_run_id_and_one_clean_history(tmp_path: Path) -> None:
     need_shared()
     args = wandb_args() + tiny_args(epochs=2, accumulate=2, save_interval=4) + ["--ckpt_path", "last"]
-    first = kill_in_save(tmp_path, args, save_number=5)   # inside the save at epoch 1 step 8
-    second = kill_in_save(tmp_path, args, save_number=8)  # resumed at step 4 -> inside epoch 2 step 4's save
-    assert first == second == -9
+    # 3 file commits a save (checkpoint, _resume.pth link, export): the 5th is step 8's link, its checkpoint is in place
+    first = kill_in_save(tmp_path, args, save_number=5)
+    # resumed after step 8, it first writes step 8's link and export again (2 commits), then saves at 12
+    # (3-5) and at epoch 2 step 4 (6-8): killed inside that save's export, its checkpoint in place
+    second = kill_in_save(tmp_path, args, save_number=8)
+    assert first.returncode == second.returncode == -9
+    assert_resumed(second, 1, 9)
+    assert expected_resume(tmp_path) == (2, 5)
     final = run_cli(tmp_path, args)
     assert final.returncode == 0, final.stderr[-3000:]
+    assert_resumed(final, 2, 5)
     runs = [run_summary(d) for d in sorted((tmp_path / "wandb").glob("offline-run-*"))]
     assert len(runs) == 3
     assert len({r["id"] for r in runs}) == 1, "a resumed run must continue the same wandb run"
@@ -64,6 +71,7 @@ def test_minimind_file_without_wandb_id_starts_new_run_and_stores_it(tmp_path: P
     run = run_cli(tmp_path, wandb_args() + tiny_args() + ["--ckpt_path", str(src)])
     assert run.returncode == 0, run.stderr[-3000:]
     assert "the checkpoint has no wandb run id: starting a new run" in run.stderr
+    assert_resumed(run, 1, 6)
     (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
     new_id = run_summary(run_dir)["id"]
     assert new_id
@@ -71,3 +79,33 @@ def test_minimind_file_without_wandb_id_starts_new_run_and_stores_it(tmp_path: P
     assert saved["wandb_id"] == new_id
     ckpt = torch.load(next((tmp_path / "checkpoints").glob("*.ckpt")), weights_only=True)
     assert ckpt["callbacks"]["ResumeCallback"]["wandb_id"] == new_id
+
+
+def test_without_credentials_wandb_logs_offline(tmp_path: Path) -> None:
+    """No ``WANDB_MODE``, no API key, no ~/.netrc: the run logs offline under wandb/ (conf/wandb.yaml's promise)."""
+    need_shared()
+    env = {k: v for k, v in cli_env().items() if not k.startswith("WANDB_")}
+    env.update(HOME=str(tmp_path / "home"), NETRC=str(tmp_path / "home" / ".netrc"))  # no credentials anywhere
+    (tmp_path / "home").mkdir()
+    run = run_cli(tmp_path, wandb_args() + tiny_args("--trainer.max_steps", "1"), env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
+    summary = run_summary(run_dir)
+    assert summary["id"] and [row["micro_step"] for row in summary["history"] if "loss" in row] == [1, 2]
+
+
+@pytest.mark.slow
+def test_an_id_the_user_chose_wins_over_the_checkpoints(tmp_path: Path) -> None:
+    need_shared()
+    args = wandb_args() + tiny_args(save_interval=2)
+    first = run_cli(tmp_path, args + ["--trainer.max_steps", "1"])
+    assert first.returncode == 0, first.stderr[-3000:]
+    saved = torch.load(tmp_path / "checkpoints" / "pretrain_64_resume.pth", weights_only=True)["wandb_id"]
+    assert saved
+    chosen = run_cli(tmp_path, args + ["--trainer.max_steps", "2", "--ckpt_path", "last",
+                                       "--trainer.logger.init_args.id", "mychosen1"])
+    assert chosen.returncode == 0, chosen.stderr[-3000:]
+    assert_resumed(chosen, 1, 3)
+    assert f"wandb: logging to the run id you chose (mychosen1), not the checkpoint's ({saved})" in chosen.stderr
+    ids = sorted(run_summary(d)["id"] for d in (tmp_path / "wandb").glob("offline-run-*"))
+    assert ids == sorted([saved, "mychosen1"])

@@ -21,6 +21,8 @@ HEADER = 7
 
 def records(path: Path) -> list[Any]:
     data = path.read_bytes()
+    if len(data) <= HEADER:
+        return []  # SIGKILLed before wandb's first flush
     assert data[:4] == b":W&B", f"{path} is not a wandb log"
     out, pending, pos = [], b"", HEADER
     while pos + 7 <= len(data):
@@ -55,8 +57,18 @@ def records(path: Path) -> list[Any]:
     return out
 
 
+def run_id_of(run_dir: Path) -> str:
+    """The run id wandb named the run's files by (``offline-run-<time>-<id>/run-<id>.wandb``): there
+    before the first record is flushed, so also for a process killed at start-up."""
+    (wandb_file,) = run_dir.glob("run-*.wandb")
+    run_id = wandb_file.name.removeprefix("run-").removesuffix(".wandb")
+    assert run_dir.name.endswith(f"-{run_id}"), run_dir
+    return run_id
+
+
 def run_summary(run_dir: Path) -> dict[str, Any]:
-    """``{"id", "history": [dict], "config": dict}`` of one offline run directory."""
+    """``{"id", "record_id", "history": [dict], "config": dict}`` of one offline run directory: ``id`` from
+    the file's name (:func:`run_id_of`), ``record_id`` from the run record (``None`` if none was written before a kill)."""
     (wandb_file,) = run_dir.glob("run-*.wandb")
     history, config, run_id = [], {}, None
     for record in records(wandb_file):
@@ -70,4 +82,5 @@ def run_summary(run_dir: Path) -> dict[str, Any]:
         elif kind == "config":
             for item in record.config.update:
                 config[item.key] = json.loads(item.value_json)
-    return {"id": run_id, "history": history, "config": config}
+    assert run_id in (None, run_id_of(run_dir)), (run_dir, run_id)
+    return {"id": run_id_of(run_dir), "record_id": run_id, "history": history, "config": config}

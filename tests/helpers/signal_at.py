@@ -13,16 +13,20 @@ class SignalAt(L.Callback):
     """Send ``signame`` to this process in ``phase``: ``setup`` (before restore and before Lightning
     registers its handlers), ``on_load_checkpoint`` (during restore), ``on_fit_start`` (after restore),
     ``train_dataloader`` (after Lightning's handler registration, before training) or
-    ``on_train_batch_start`` (during the first batch)."""
+    ``on_train_batch_start`` (during the first batch). ``then_wait``: then wait there for the next signal
+    (a test sends it once the first is reported: no race with training going on)."""
 
-    def __init__(self, phase: str, signame: str = "SIGTERM", rank: int | None = None) -> None:
+    def __init__(self, phase: str, signame: str = "SIGTERM", rank: int | None = None, then_wait: bool = False) -> None:
         self.phase, self.signum, self.sent, self.rank = phase, getattr(signal, signame), False, rank
+        self.then_wait = then_wait
         self.global_rank = 0
 
     def _send(self, phase: str) -> None:
         if phase == self.phase and not self.sent and self.rank in (None, self.global_rank):
             self.sent = True
             os.kill(os.getpid(), self.signum)
+            if self.then_wait:  # hold the process right here until the next signal's handler has run
+                signal.pause()
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self.global_rank = trainer.global_rank
