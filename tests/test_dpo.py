@@ -168,7 +168,8 @@ def test_kill_anywhere_dpo(tmp_path: Path, moe: bool) -> None:
     ref = run_cli(ref_dir, args)
     assert ref.returncode == 0, ref.stderr[-3000:]
     assert len(ref.steps) == 18
-    runs = run_until_done(kill_dir, args, random.Random(f"kill-dpo-{moe}"), kills=3, total_lines=18)
+    runs = run_until_done(kill_dir, args, random.Random(f"kill-dpo-{moe}"), kills=3, total_lines=18,
+                          stem=f"dpo_64{'_moe' if moe else ''}", iters=9)
     assert len(runs) >= 2, "no kill happened"
     seen: dict = {}
     for run in runs:

@@ -138,7 +138,8 @@ def test_kill_anywhere_lora(tmp_path: Path) -> None:
     ref = run_cli(ref_dir, args)
     assert ref.returncode == 0, ref.stderr[-3000:]
     assert len(ref.steps) == 20
-    runs = run_until_done(kill_dir, args, random.Random("kill-lora"), kills=3, total_lines=20)
+    runs = run_until_done(kill_dir, args, random.Random("kill-lora"), kills=3, total_lines=20, stem="lora_medical_64",
+                          iters=10)
     assert len(runs) >= 2, "no kill happened"
     seen: dict = {}
     for run in runs:
