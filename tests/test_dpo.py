@@ -146,7 +146,7 @@ def test_kill_anywhere_dpo(tmp_path: Path, moe: bool) -> None:
     weights are those of a run never interrupted, bit for bit (MoE: the aux loss too)."""
     import random
 
-    from test_resume_exact import assert_same_tensors, run_until_done
+    from test_resume_exact import assert_same_files, assert_steps_match, run_until_done
 
     need_shared()
     ref_dir, kill_dir = tmp_path / "ref", tmp_path / "killed"
@@ -171,18 +171,9 @@ def test_kill_anywhere_dpo(tmp_path: Path, moe: bool) -> None:
     runs = run_until_done(kill_dir, args, random.Random(f"kill-dpo-{moe}"), kills=3, total_lines=18,
                           stem=f"dpo_64{'_moe' if moe else ''}", iters=9)
     assert len(runs) >= 2, "no kill happened"
-    seen: dict = {}
-    for run in runs:
-        for key, values in run.steps.items():
-            assert values == ref.steps[key], f"step {key}: {values} != uninterrupted {ref.steps[key]}"
-            seen[key] = values
-    assert seen.keys() == ref.steps.keys(), "some steps were never trained"
+    assert_steps_match(runs, ref)
     suffix = "_moe" if moe else ""
-    for name in (f"out/dpo_64{suffix}.pth", f"checkpoints/dpo_64{suffix}_resume.pth"):
-        ref_state, state = (torch.load(d / name, weights_only=True) for d in (ref_dir, kill_dir))
-        if "state_dict" in ref_state:
-            ref_state, state = ref_state["state_dict"], state["state_dict"]
-        assert_same_tensors(state, ref_state)
+    assert_same_files(ref_dir, kill_dir, [f"out/dpo_64{suffix}.pth", f"checkpoints/dpo_64{suffix}_resume.pth"])
 
 
 def test_dpo_resume_refuses_a_changed_reference_and_needs_one(tmp_path: Path) -> None:

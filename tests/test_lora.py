@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import MINIMIND, ROOT, TOKENIZER, need_shared, run_cli
-from test_resume_exact import assert_same_tensors, run_until_done
+from test_resume_exact import assert_same_files, assert_steps_match, run_until_done
 
 POST = MINIMIND / "post"
 SFT_EXPORT = MINIMIND / "sft" / "out__full_sft_64.pth"
@@ -141,17 +141,8 @@ def test_kill_anywhere_lora(tmp_path: Path) -> None:
     runs = run_until_done(kill_dir, args, random.Random("kill-lora"), kills=3, total_lines=20, stem="lora_medical_64",
                           iters=10)
     assert len(runs) >= 2, "no kill happened"
-    seen: dict = {}
-    for run in runs:
-        for key, values in run.steps.items():
-            assert values == ref.steps[key], f"step {key}: {values} != uninterrupted {ref.steps[key]}"
-            seen[key] = values
-    assert seen.keys() == ref.steps.keys(), "some steps were never trained"
-    for name in ("out/lora_medical_64.pth", "checkpoints/lora_medical_64_resume.pth"):
-        ref_state, state = (torch.load(d / name, weights_only=True) for d in (ref_dir, kill_dir))
-        if "state_dict" in ref_state:
-            ref_state, state = ref_state["state_dict"], state["state_dict"]
-        assert_same_tensors(state, ref_state)
+    assert_steps_match(runs, ref)
+    assert_same_files(ref_dir, kill_dir, ["out/lora_medical_64.pth", "checkpoints/lora_medical_64_resume.pth"])
 
 
 @pytest.mark.slow

@@ -32,6 +32,25 @@ def assert_same_tensors(a: dict, b: dict) -> None:
         assert torch.equal(a[k], b[k]), f"tensor {k} differs"
 
 
+def assert_steps_match(runs: list[Run], ref: Run) -> None:
+    """Every step the interrupted runs printed equals the uninterrupted run's, and together they trained all."""
+    seen: dict = {}
+    for run in runs:
+        for key, values in run.steps.items():
+            assert values == ref.steps[key], f"step {key}: {values} != uninterrupted {ref.steps[key]}"
+            seen[key] = values
+    assert seen.keys() == ref.steps.keys(), "some steps were never trained"
+
+
+def assert_same_files(ref_dir: Path, run_dir: Path, names: list[str]) -> None:
+    """The files ``names`` hold the same tensors in both runs (a Lightning checkpoint: its ``state_dict``)."""
+    for name in names:
+        ref_state, state = (torch.load(d / name, weights_only=True) for d in (ref_dir, run_dir))
+        if "state_dict" in ref_state:
+            ref_state, state = ref_state["state_dict"], state["state_dict"]
+        assert_same_tensors(state, ref_state)
+
+
 def run_resuming(run_dir: Path, args: list[str], stem: str, iters: int = 12, **kwargs) -> Run:
     """``args + --ckpt_path last``, asserting it resumed where the checkpoint ``last`` names (or, with
     none on disk, that it started fresh)."""
@@ -80,12 +99,7 @@ def test_kill_anywhere_resume_is_bit_identical(tmp_path: Path, name: str) -> Non
     rng = random.Random(f"kill-{name}")
     runs = run_until_done(kill_dir, args, rng, kills=3, total_lines=24, stem=f"pretrain_64{'_moe' if moe else ''}")
     assert len(runs) >= 2, "no kill happened"
-    seen: dict = {}
-    for run in runs:
-        for key, values in run.steps.items():
-            assert values == ref.steps[key], f"step {key}: {values} != uninterrupted {ref.steps[key]}"
-            seen[key] = values
-    assert seen.keys() == ref.steps.keys(), "some steps were never trained"
+    assert_steps_match(runs, ref)
 
     ref_weights, ref_resume = final_state(ref_dir, moe)
     weights, resume = final_state(kill_dir, moe)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import MINIMIND, TOKENIZER, assert_resumed, cli_env, need_shared, run_cli
-from test_resume_exact import assert_same_tensors, run_until_done
+from test_resume_exact import assert_same_files, assert_steps_match, run_until_done
 
 SFT = MINIMIND / "sft"
 SFT_JSONL = SFT / "sft.jsonl"
@@ -113,17 +113,8 @@ def test_kill_anywhere_on_sft_data_with_augmentation(tmp_path: Path, workers: in
     assert len(runs) >= 2, "no kill happened"
     assert any("--from_weight" in r.stdout and "not used: resuming from" in r.stdout for r in runs[1:]), \
         "a resumed run must take the checkpoint's weights, not --from_weight's"
-    seen: dict = {}
-    for run in runs:
-        for key, values in run.steps.items():
-            assert values == ref.steps[key], f"step {key}: {values} != uninterrupted {ref.steps[key]}"
-            seen[key] = values
-    assert seen.keys() == ref.steps.keys(), "some steps were never trained"
-    for name in ("out/full_sft_64.pth", "checkpoints/full_sft_64_resume.pth"):
-        ref_state, state = (torch.load(d / name, weights_only=True) for d in (ref_dir, kill_dir))
-        if "state_dict" in ref_state:
-            ref_state, state = ref_state["state_dict"], state["state_dict"]
-        assert_same_tensors(state, ref_state)
+    assert_steps_match(runs, ref)
+    assert_same_files(ref_dir, kill_dir, ["out/full_sft_64.pth", "checkpoints/full_sft_64_resume.pth"])
 
 
 def test_default_ratios_augment_samples_in_both_epochs() -> None:

@@ -24,7 +24,6 @@ import builtins
 import errno
 import os
 import signal
-import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -156,7 +155,3 @@ def install() -> None:
 
 def wanted() -> bool:
     return any(k.startswith(("LIT_MINIMIND_TEST_FAIL", "LIT_MINIMIND_TEST_STOP_")) for k in os.environ)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit("imported by tests/helpers/site/sitecustomize.py, not run")

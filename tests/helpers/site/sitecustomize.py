@@ -2,9 +2,7 @@
 ``PYTHONPATH``, see ``tests/conftest.py``); installs the fault injection of :mod:`tests.helpers.faults`
 when a test asks for it. Never on a user's path."""
 
-import os
+from tests.helpers import faults  # standard library only until install()
 
-if any(k.startswith(("LIT_MINIMIND_TEST_FAIL", "LIT_MINIMIND_TEST_STOP_")) for k in os.environ):
-    from tests.helpers import faults
-
+if faults.wanted():
     faults.install()
