@@ -109,3 +109,28 @@ def test_an_id_the_user_chose_wins_over_the_checkpoints(tmp_path: Path) -> None:
     assert f"wandb: logging to the run id you chose (mychosen1), not the checkpoint's ({saved})" in chosen.stderr
     ids = sorted(run_summary(d)["id"] for d in (tmp_path / "wandb").glob("offline-run-*"))
     assert ids == sorted([saved, "mychosen1"])
+
+
+@pytest.mark.slow
+def test_ddp_run_logs_from_rank_zero_into_one_run_across_a_kill(tmp_path: Path) -> None:
+    """2 processes: one wandb run (rank 0's), not one per rank; killed after a commit and resumed on
+    2 processes, it continues that run, and each optimizer step is logged once with one value."""
+    need_shared()
+    args = wandb_args() + tiny_args(epochs=1, save_interval=3, devices=2) + ["--ckpt_path", "last"]
+    # 3 file commits a save: the 3rd is step 3's export, its checkpoint committed
+    killed = run_cli(tmp_path, args, env=cli_env(LIT_MINIMIND_TEST_STOP_AFTER_SAVE="3"))
+    assert killed.returncode == -9 and "@@stopped-after-save" in killed.stdout
+    resumed = run_cli(tmp_path, args)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_resumed(resumed, 1, 4)
+    runs = [run_summary(d) for d in sorted((tmp_path / "wandb").glob("offline-run-*"))]
+    assert len(runs) == 2, "one wandb run per start (rank 0's), never one per rank"
+    assert runs[0]["id"] == runs[1]["id"]
+    saved = torch.load(tmp_path / "checkpoints" / "pretrain_64_resume.pth", weights_only=True)
+    assert saved["wandb_id"] == runs[0]["id"] and saved["world_size"] == 2
+    logged: dict[int, float] = {}
+    for run in runs:
+        for row in run["history"]:
+            if "micro_step" in row and "loss" in row:
+                assert logged.setdefault(int(row["micro_step"]), row["loss"]) == row["loss"]
+    assert sorted(logged) == list(range(1, 7)), "6 batches per rank, each logged once"
