@@ -30,7 +30,7 @@ from lit_minimind.resume.io import SafeCheckpointIO
 from lit_minimind.resume.library import library_versions
 from lit_minimind.resume.loop_state import loops_at
 from lit_minimind.resume.position import optimizer_steps, window_complete, world_size_change
-from lit_minimind.resume.rank_state import gather_rank_states
+from lit_minimind.resume.rank_state import apply_gradients, rank_training_state, save_rank_states
 from lit_minimind.resume.rng import set_rng_state
 from lit_minimind.resume.scaler import adopt_scaler_state
 
@@ -78,6 +78,8 @@ class ResumeCallback(Checkpoint):
         self._export: dict[str, torch.Tensor] | None = None
         self._last_saved: tuple[int, int] | None = None
         self._chosen_here: str | None = None
+        self._chosen: str | None = None  # global rank 0's choice, the file every rank loads
+        self._saving_to: Path | None = None  # the checkpoint trainer.save_checkpoint is writing (for its shards)
         self.save_seconds: tuple[float, float | None] = (0.0, None)  # the last save: loop's wait, until committed
 
     # the CLI's --resume.* flags
@@ -121,14 +123,19 @@ class ResumeCallback(Checkpoint):
                                f"{library_versions()[lib]}: resume may not be bit-exact")
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
-        """Add MiniMind's keys, and each rank's RNG and partial gradients (gathered to rank 0)."""
+        """Add MiniMind's keys and each rank's RNG (gathered to rank 0); inside an accumulation window
+        every rank first writes its partial gradients into its own shard beside the checkpoint."""
         step = int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
         iters = int(trainer.num_training_batches)
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         scale = float(scaler.get_scale()) if scaler is not None else 1.0
         partial = not window_complete(step, iters, trainer.accumulate_grad_batches)
-        ranks = gather_rank_states(trainer, pl_module, partial, scale)
-        checkpoint[TRAINING_STATE_KEY] = {"ranks": ranks, "world_size": trainer.world_size}
+        target, self._saving_to = self._saving_to, None
+        if partial and target is None:
+            rank_zero_warn("a checkpoint saved inside an accumulation window by trainer.save_checkpoint outside "
+                           "ResumeCallback holds no partial gradients (their shards need the path): its resume "
+                           "restarts the window's gradients from zero")
+        checkpoint[TRAINING_STATE_KEY] = save_rank_states(trainer, pl_module, partial, scale, target)
         self._export = add_minimind_keys(checkpoint, step=step, world_size=trainer.world_size, wandb_id=self.wandb_id,
                                          scaler_state=scaler.state_dict() if scaler is not None else None)
 
@@ -163,15 +170,11 @@ class ResumeCallback(Checkpoint):
                              "world_size": saved_world, "global_step": checkpoint["global_step"], "source": source}
         self._pending = self._rank_training_state(trainer, checkpoint, translated)
 
-    @staticmethod
-    def _rank_training_state(trainer: L.Trainer, checkpoint: dict[str, Any], translated: bool) -> dict[str, Any]:
-        state = checkpoint.get(TRAINING_STATE_KEY) or {}
-        ranks = state.get("ranks") or []
-        if not ranks:
-            return {}
-        if trainer.global_rank >= len(ranks):
-            return {}  # a rank the saving run did not have: keeps its own stream (seeded seed + rank)
-        mine = dict(ranks[trainer.global_rank])
+    def _rank_training_state(self, trainer: L.Trainer, checkpoint: dict[str, Any], translated: bool) -> dict[str, Any]:
+        """This rank's RNG and partial gradients (its shard, read at train start; {} for a rank the saving
+        run did not have: it keeps its own stream, seeded seed + rank). Another world size reads no shard."""
+        source = self._chosen or trainer.ckpt_path
+        mine = rank_training_state(checkpoint.get(TRAINING_STATE_KEY) or {}, trainer.global_rank, source)
         if mine.get("grads") and translated:
             rank_zero_warn("world size changed mid accumulation window: its partial gradients are dropped")
             mine["grads"] = None
@@ -187,6 +190,7 @@ class ResumeCallback(Checkpoint):
         STOP.install()  # before Lightning registers its SIGTERM handler, which then calls ours too
         io = trainer.strategy.checkpoint_io
         chosen = agree_on_checkpoint(trainer, self._chosen_here)  # a collective under DDP, before restore
+        self._chosen = chosen
         if isinstance(io, SafeCheckpointIO):
             io.async_writes = self.async_save
             if chosen is not None and not trainer.is_global_zero:
@@ -205,10 +209,7 @@ class ResumeCallback(Checkpoint):
         pending, self._pending = self._pending or {}, None
         if pending.get("grads"):
             scaler = getattr(trainer.precision_plugin, "scaler", None)
-            scale = float(scaler.get_scale()) if scaler is not None else 1.0
-            params = dict(pl_module.named_parameters())
-            for name, grad in pending["grads"].items():
-                params[name].grad = (grad * scale).to(device=params[name].device, dtype=params[name].dtype)
+            apply_gradients(pl_module, pending["grads"], float(scaler.get_scale()) if scaler is not None else 1.0)
         if pending.get("rng") is not None:
             set_rng_state(pending["rng"])
         if STOP.agreed(trainer):  # a signal during start-up: nothing trained since the checkpoint
@@ -294,6 +295,7 @@ class ResumeCallback(Checkpoint):
             self.best_val_loss = float(val)
             path = self.files.best(self.stem(pl_module))
             self._begin_save(trainer, f"could not save the best checkpoint {path}")
+            self._saving_to = path
             trainer.save_checkpoint(path, weights_only=False)
             self._export = None
             rank_zero_info(f"new best val_loss {self.best_val_loss:.4f}: saved {path}")
@@ -311,6 +313,7 @@ class ResumeCallback(Checkpoint):
         self._begin_save(trainer, f"could not save the checkpoint at epoch {epoch + 1} step {step} ({path}, "
                          f"then {self.files.resume(stem)} and {self.files.export(stem)}); the files of earlier saves "
                          "are unchanged and --ckpt_path last picks the newest complete checkpoint")
+        self._saving_to = path
         trainer.save_checkpoint(path, weights_only=False)
         io, export = trainer.strategy.checkpoint_io, self._export
         self._export = None

@@ -1,19 +1,33 @@
-"""Each rank's own training state for a checkpoint: its RNG and, inside an accumulation window, its
-partial gradients, collected on global rank 0 (the rank that writes).
+"""Each rank's own training state for a checkpoint: its RNG, gathered on global rank 0 (a few KiB per
+rank, kept in the checkpoint file), and, inside an accumulation window, its partial gradients, which
+each rank writes into its own shard beside the checkpoint (``{checkpoint}.rank{r}.grads``,
+:func:`lit_minimind.checkpoint.names.shard_path`) and reads back alone on resume.
 
-The gradients travel as one flat tensor per rank, point to point (``send``/``recv``), never
-pickled: a rank other than 0 holds one copy of its gradients while it is sent, rank 0 its own and
-the other ranks' (with NCCL one receive buffer on the device, reused; gloo sends CPU copies). Saved unscaled, so a
-resume under another precision or loss scale applies them correctly.
+A shard is ``{"grads": {name: gradient}, "rank", "world_size"}``, the gradients unscaled (divided by
+the loss scale, so a resume under another precision or scale applies them correctly) and written
+parameter by parameter, straight from the parameters' ``.grad`` when there is no loss scale: a rank
+holds at most one extra copy of its own gradients while it writes (CUDA ones are copied to the host a
+parameter at a time). The shards are written synchronously on every rank, with the atomic writer,
+before the small gather; rank 0 then lists each shard with its size and CRC-32 in the checkpoint and
+its manifest, so the checkpoint is committed only after every shard is durable.
+
+Checkpoints of format 1 (written before the shards) carry every rank's gradients inline, in
+``ranks[r]["grads"]``; :func:`rank_training_state` still reads them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from lit_minimind.checkpoint.atomic import atomic_save
+from lit_minimind.checkpoint.names import SHARDS_FIELD, TRAINING_STATE_FORMAT, shard_path
+from lit_minimind.checkpoint.read import read_shard
+from lit_minimind.errors import CheckpointError
 from lit_minimind.resume.rng import rng_state
 
 
@@ -22,55 +36,92 @@ def trainable(module: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
     return [(n, p) for n, p in module.named_parameters() if p.requires_grad]
 
 
-def flat_partial_gradients(module: torch.nn.Module, scale: float) -> tuple[torch.Tensor, list[bool]]:
-    """Every trainable parameter's gradient divided by ``scale``, concatenated in parameter order
-    (zeros where a parameter has none), and which parameters had one."""
-    params = [p for _, p in trainable(module)]
-    present = [p.grad is not None for p in params]
-    parts = [(p.grad.detach() if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
-    flat = torch.cat(parts) if parts else torch.zeros(0)
-    return flat.div_(scale), present
+def unscaled_gradients(module: torch.nn.Module, scale: float) -> dict[str, torch.Tensor]:
+    """``{name: gradient / scale}`` of every trainable parameter that has one; the gradients
+    themselves (no copy) when ``scale`` is 1."""
+    return {name: (p.grad.detach() if scale == 1.0 else p.grad.detach() / scale)
+            for name, p in trainable(module) if p.grad is not None}
 
 
-def named_gradients(module: torch.nn.Module, flat: torch.Tensor, present: list[bool]) -> dict[str, torch.Tensor]:
-    """``{name: gradient}`` as views into ``flat`` (one storage: written once)."""
-    grads, offset = {}, 0
-    for (name, param), has in zip(trainable(module), present):
-        n = param.numel()
-        if has:
-            grads[name] = flat[offset:offset + n].view(param.shape)
-        offset += n
-    return grads
+def write_shard(checkpoint: str | Path, rank: int, world_size: int, module: torch.nn.Module,
+                scale: float) -> dict[str, Any]:
+    """This rank's partial gradients into its shard of ``checkpoint`` (atomic, fsynced); its entry
+    for the checkpoint's list (``file``, ``rank``, ``size``, ``crc32``), or ``{"rank", "error"}`` when
+    the write failed (the checkpoint must then not be committed)."""
+    path = shard_path(checkpoint, rank)
+    try:
+        saved = atomic_save({"grads": unscaled_gradients(module, scale), "rank": rank, "world_size": world_size},
+                            path, {"kind": "grad_shard", "rank": rank})
+    except OSError as err:
+        return {"rank": rank, "error": f"{path}: {err}"}
+    return {"file": path.name, "rank": rank, "size": saved["size"], "crc32": saved["crc32"]}
 
 
-def gather_rank_states(trainer: Any, module: torch.nn.Module, partial: bool, scale: float) -> list[dict[str, Any]]:
-    """``[{"rng", "grads"}]`` of every rank, in rank order, on global rank 0 (``[]`` elsewhere);
-    ``grads`` is None when ``partial`` is false (the window is complete). Every rank must call it."""
-    flat, present = flat_partial_gradients(module, scale) if partial else (None, None)
-    mine = {"rng": rng_state(), "present": present}
-    world = trainer.world_size
+def save_rank_states(trainer: Any, module: torch.nn.Module, partial: bool, scale: float,
+                     checkpoint: str | Path | None) -> dict[str, Any]:
+    """The checkpoint's ``lit_minimind`` entry, on global rank 0 (``{}`` elsewhere): every rank's RNG in
+    rank order and, when ``partial`` (inside an accumulation window) and the checkpoint's path is
+    known, each rank's shard entry (every rank wrote its shard before the gather). Every rank must
+    call it, at a step boundary (it runs one collective)."""
+    world, rank = trainer.world_size, trainer.global_rank
+    shard = write_shard(checkpoint, rank, world, module, scale) if partial and checkpoint is not None else None
+    mine = {"rng": rng_state(), "shard": shard}
     if world == 1 or not dist.is_initialized():
-        return [_state(module, mine, flat.cpu() if flat is not None else None)]
-    if flat is not None and dist.get_backend() == "gloo":
-        flat = flat.cpu()  # gloo sends CPU tensors (CUDA ones only through NCCL)
-    small: list[Any] | None = [None] * world if trainer.is_global_zero else None
-    dist.gather_object(mine, small, dst=0)  # RNG states and masks: a few KiB per rank
-    if not trainer.is_global_zero:
-        if flat is not None:
-            dist.send(flat, dst=0)
-        return []
-    states = [_state(module, small[0], flat.cpu() if flat is not None else None)]
-    buffer = torch.empty_like(flat) if flat is not None and flat.device.type != "cpu" else None
-    for rank in range(1, world):
-        received = None
-        if flat is not None:
-            target = buffer if buffer is not None else torch.empty_like(flat)
-            dist.recv(target, src=rank)
-            received = target.cpu() if buffer is not None else target
-        states.append(_state(module, small[rank], received))
-    return states
+        states = [mine]
+    else:
+        states = [None] * world if trainer.is_global_zero else None
+        dist.gather_object(mine, states, dst=0)  # after every rank's shard is on disk
+        if not trainer.is_global_zero:
+            return {}
+    shards = [s["shard"] for s in states] if partial and checkpoint is not None else None
+    return {"format": TRAINING_STATE_FORMAT, "world_size": world, "ranks": [{"rng": s["rng"]} for s in states],
+            SHARDS_FIELD: shards}
 
 
-def _state(module: torch.nn.Module, small: dict[str, Any], flat: torch.Tensor | None) -> dict[str, Any]:
-    grads = named_gradients(module, flat, small["present"]) if flat is not None else None
-    return {"rng": small["rng"], "grads": grads}
+def shard_errors(state: Mapping[str, Any]) -> list[str]:
+    """Why some rank could not write its shard (``[]``: every shard is on disk)."""
+    return [s["error"] for s in state.get(SHARDS_FIELD) or [] if isinstance(s, dict) and "error" in s]
+
+
+class GradShard:
+    """A rank's partial gradients in a shard beside ``checkpoint``, read only when applied."""
+
+    def __init__(self, checkpoint: str | Path, entry: Mapping[str, Any]) -> None:
+        self.checkpoint, self.entry = Path(checkpoint), dict(entry)
+
+    def load(self) -> dict[str, torch.Tensor]:
+        """The shard's gradients, its bytes checked against the checkpoint's record first."""
+        grads = read_shard(self.checkpoint, self.entry).get("grads")
+        if not isinstance(grads, dict):
+            raise CheckpointError(f"{self.checkpoint}: its shard {self.entry.get('file')} holds no gradients")
+        return grads
+
+
+def rank_training_state(state: Mapping[str, Any], rank: int, checkpoint: str | Path | None) -> dict[str, Any]:
+    """This rank's ``{"rng", "grads"}`` from a checkpoint's ``lit_minimind`` entry: ``grads`` a
+    :class:`GradShard` (format 2), the gradients themselves (format 1) or None; ``{}`` for a rank the
+    saving run did not have."""
+    ranks = state.get("ranks") or []
+    if rank >= len(ranks):
+        return {}
+    mine = {"rng": ranks[rank].get("rng"), "grads": ranks[rank].get("grads")}  # format 1: gradients inline
+    shards = state.get(SHARDS_FIELD) or []
+    if rank < len(shards) and shards[rank]:
+        if checkpoint is None:
+            raise CheckpointError("a checkpoint saved inside an accumulation window was loaded without its path: "
+                                  "its partial-gradient shards cannot be found")
+        mine["grads"] = GradShard(checkpoint, shards[rank])
+    return mine
+
+
+def apply_gradients(module: torch.nn.Module, grads: GradShard | Mapping[str, torch.Tensor], scale: float) -> None:
+    """Set the parameters' gradients to the saved ones times ``scale`` (the loss scale of this run).
+    A shard's tensors are scaled in place and handed over (no second copy on the CPU)."""
+    loaded = grads.load() if isinstance(grads, GradShard) else grads
+    params = dict(module.named_parameters())
+    for name in list(loaded):
+        grad = loaded[name]
+        grad = grad.mul_(scale) if isinstance(grads, GradShard) else grad * scale
+        params[name].grad = grad.to(device=params[name].device, dtype=params[name].dtype)
+        if isinstance(grads, GradShard):
+            del loaded[name]  # the device copy is the parameter's now
