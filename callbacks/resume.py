@@ -191,6 +191,8 @@ class ResumeCallback(Checkpoint):
         io = trainer.strategy.checkpoint_io
         chosen = agree_on_checkpoint(trainer, self._chosen_here)  # a collective under DDP, before restore
         self._chosen = chosen
+        if trainer.world_size > 1:  # one run id, so every rank names the checkpoint (and its shard) as rank 0 does
+            self.run_id = trainer.strategy.broadcast(self.run_id, src=0)
         if isinstance(io, SafeCheckpointIO):
             io.async_writes = self.async_save
             if chosen is not None and not trainer.is_global_zero:
