@@ -1,25 +1,35 @@
-"""Memory of a checkpoint saved inside an accumulation window under DDP (2 CPU processes, gloo).
+"""Memory per rank of a checkpoint saved inside an accumulation window under DDP, and of its resume
+(2 and 4 CPU processes, gloo).
 
-A save inside a window carries every rank's partial gradients (unscaled) and RNG state, gathered to
-global rank 0 only (``dist.gather_object``): rank 0 holds its own copy and the other ranks'; every
-other rank holds one copy of its own while it is sent. An all-gather would hold ``world_size``
-copies on *every* rank, and a list kept in the callback would stay there until the next save.
+Inside a window each rank writes its own partial gradients into its own shard beside the checkpoint
+and, on resume, reads only its own (:mod:`lit_minimind.resume.rank_state`); global rank 0 also writes
+the checkpoint and MiniMind's fp16 export. Target (issue 21): peak extra memory per rank during the
+save and during the resume at most 1.2x its own gradients, beyond the fp16 export rank 0 writes.
 
-A real ``Trainer(strategy="ddp", devices=2)`` trains ``768x8`` (MiniMind's preset) with
-accumulation 2; a probe callback calls :meth:`ResumeCallback.save` at micro-batch 3 (a warm-up: the
-asynchronous snapshot allocates its buffers there, AdamW having its moments) and at micro-batch 5
-(measured), both inside a window. Per rank: the gradient size, the peak extra RSS from the save's start until its files are
-written (``VmHWM`` reset through ``/proc/self/clear_refs``), the snapshot buffers kept for the next
-save (allocated by the warm-up, so not part of the peak), and how many gathered per-rank lists are
-alive after it (a list of ``world_size`` dicts with ``rng`` and ``grads``).
+A real ``Trainer(strategy="ddp", devices=N)`` (Lightning's launcher starts ranks 1.. as the same
+command) trains ``512x8`` with accumulation 2; a probe callback calls :meth:`ResumeCallback.save` at
+micro-batch 3 (a warm-up: the asynchronous snapshot allocates its buffers there, AdamW having its
+moments) and at micro-batch 5 (measured), both inside a window. A second DDP run resumes from the
+measured checkpoint. Per rank:
 
-``python -m benchmarks.bench_ddp_save [--quick] [--results-dir DIR] [--threads N]`` (``--quick``: 64x2)
+* ``grads_bytes``: its own gradients (every parameter's ``.grad``);
+* ``peak_extra_bytes``: peak RSS from the save's start until its files are written (rank 0 waits for
+  its background writer) minus RSS before it;
+* ``export_bytes``: the fp16 export's tensors, which rank 0 builds during the save (0 elsewhere);
+* ``resume_peak_extra_bytes``: peak RSS while the resumed rank reads its shard and sets its parameters'
+  gradients (``ResumeCallback.on_train_start``) minus RSS before: the gradients become the
+  parameters' ``.grad``, which an uninterrupted run holds at that point too.
+
+RSS, not tracemalloc (which does not see tensors' memory): ``VmHWM`` of ``/proc/self/status`` reset to
+the current RSS through ``/proc/self/clear_refs`` right before, after ``malloc_trim`` (freed heap given
+back, so growth shows), so every CPU allocation of the process counts, the writer thread's included.
+
+``python -m benchmarks.bench_ddp_save [--quick] [--results-dir DIR] [--threads N]`` (``--quick``: 64x2, 2 processes)
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import subprocess
@@ -42,111 +52,176 @@ from benchmarks.common import (
     write_json,
 )
 
-FULL_SIZE, QUICK_SIZE = (768, 8), (64, 2)
-WORLD_SIZE = 2
+FULL_SIZE, QUICK_SIZE = (512, 8), (64, 2)
+FULL_WORLDS, QUICK_WORLDS = (2, 4), (2,)
+TARGET = 1.2  # peak extra per rank / own gradients (beyond the export)
 MiB = 2**20
+MEASURED = ("peak RSS (VmHWM reset through /proc/self/clear_refs after malloc_trim) minus RSS before, per process: "
+            "every CPU allocation counts (tensors included, which tracemalloc does not see), the background writer's too")
 
 
-def _gathered_lists_alive(world_size: int) -> int:
-    """Lists that look like a gather of every rank's training state (``[{"rng", "grads"}, ...]``)."""
-    gc.collect()
-    return sum(1 for o in gc.get_objects() if isinstance(o, list) and len(o) == world_size
-               and all(isinstance(x, dict) and "grads" in x and "rng" in x for x in o))
+class _Peak:
+    """RSS before, and the peak above it since (``VmHWM`` reset)."""
+
+    def __enter__(self) -> _Peak:
+        _trim()
+        self.before = _rss_bytes()
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # VmHWM := current RSS
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.extra = max(0, _status_kb("VmHWM") - self.before)
 
 
-def _measured_save(trainer: Any, module: Any, callback: Any) -> dict[str, Any]:
-    io = trainer.strategy.checkpoint_io
-    grads = sum(p.grad.nelement() * p.grad.element_size() for p in module.parameters() if p.grad is not None)
-    _trim()
-    before = _rss_bytes()
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # VmHWM := current RSS
-    callback.save(trainer, module)
-    io.wait()  # rank 0: until the files are written (asynchronous writer)
-    peak = max(0, _status_kb("VmHWM") - before)
-    return {"rank": trainer.global_rank, "grads_bytes": grads, "peak_extra_bytes": peak,
-            "snapshot_bytes": getattr(io, "snapshot_bytes", 0),
-            "gathered_lists_alive": _gathered_lists_alive(trainer.world_size)}
+def _grads_bytes(module: Any) -> int:
+    return sum(p.grad.nelement() * p.grad.element_size() for p in module.parameters() if p.grad is not None)
 
 
-def worker(out: Path, hidden: int, layers: int) -> None:
-    """One DDP run; Lightning's launcher starts rank 1 as this same command. Each rank writes
-    ``rank{r}.json`` into ``out``."""
+def _trainer(world: int, out: Path, callbacks: list[Any], max_steps: int) -> Any:
     import lightning as L
 
-    from callbacks import ResumeCallback
-    from lit_minimind.data.datamodule import MiniMindDataModule
-    from lit_minimind.model.module import LitMiniMind
     from lit_minimind.resume.io import SafeCheckpointIO
 
-    class Probe(L.Callback):
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # noqa: ANN001
-            if batch_idx == 2:  # warm-up, inside the second window (AdamW holds its moments from here on)
-                callback.save(trainer, pl_module)
-                trainer.strategy.checkpoint_io.wait()
-            elif batch_idx == 4:  # measured, inside the third window
-                result = _measured_save(trainer, pl_module, callback)
-                (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(result))
+    return L.Trainer(accelerator="cpu", devices=world, strategy="ddp", max_steps=max_steps, accumulate_grad_batches=2,
+                     callbacks=callbacks, plugins=[SafeCheckpointIO()], logger=False, default_root_dir=str(out),
+                     use_distributed_sampler=False, enable_progress_bar=False, enable_model_summary=False)
+
+
+def _module_and_data(hidden: int, layers: int) -> tuple[Any, Any]:
+    import lightning as L
+
+    from lit_minimind.data.datamodule import MiniMindDataModule
+    from lit_minimind.model.module import LitMiniMind
 
     data, tok = default_data()
     L.seed_everything(0, verbose=False)
     module = LitMiniMind(hidden_size=hidden, num_hidden_layers=layers)
-    datamodule = MiniMindDataModule(data_path=str(data), tokenizer_path=str(tok), max_seq_len=16, batch_size=2)
-    callback = ResumeCallback(save_interval=10**9, out_dir=str(out / "out"), ckpt_dir=str(out / "checkpoints"))
-    trainer = L.Trainer(accelerator="cpu", devices=WORLD_SIZE, strategy="ddp", max_steps=3, accumulate_grad_batches=2,
-                        callbacks=[callback, Probe()], plugins=[SafeCheckpointIO()], logger=False,
-                        default_root_dir=str(out), use_distributed_sampler=False, enable_progress_bar=False,
-                        enable_model_summary=False)
-    trainer.fit(module, datamodule=datamodule)
+    return module, MiniMindDataModule(data_path=str(data), tokenizer_path=str(tok), max_seq_len=16, batch_size=2)
 
 
-def render(ranks: list[dict[str, Any]]) -> str:
-    rows = [[r["rank"], f"{r['grads_bytes'] / MiB:.0f}", f"{r['peak_extra_bytes'] / MiB:.0f}",
-             f"{r['peak_extra_bytes'] / r['grads_bytes']:.2f}", f"{r['snapshot_bytes'] / MiB:.0f}",
-             r["gathered_lists_alive"],
-             f"{WORLD_SIZE * r['grads_bytes'] / MiB:.0f}"] for r in ranks]
-    return table(["rank", "own gradients MiB", "peak extra RSS during the save MiB", "÷ own gradients",
-                  "snapshot kept between saves MiB",
-                  "gathered per-rank lists alive after", "an all-gather would hold MiB"], rows)
+def save_worker(out: Path, world: int, hidden: int, layers: int) -> None:
+    """Trains into a window and saves there; each rank writes ``save{r}.json``."""
+    import lightning as L
+
+    from callbacks import ResumeCallback
+    from lit_minimind.checkpoint.weights import fp16_weights
+
+    class Probe(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # noqa: ANN001
+            io = trainer.strategy.checkpoint_io
+            if batch_idx == 2:  # warm-up, inside the second window (AdamW holds its moments from here on)
+                callback.save(trainer, pl_module)
+                io.wait()
+            elif batch_idx == 4:  # measured, inside the third window
+                grads = _grads_bytes(pl_module)
+                with _Peak() as peak:
+                    callback.save(trainer, pl_module)
+                    io.wait()  # rank 0: until its files are written (asynchronous writer)
+                export = sum(t.nelement() * t.element_size() for t in fp16_weights(pl_module.state_dict()).values()) \
+                    if trainer.is_global_zero else 0
+                result = {"rank": trainer.global_rank, "grads_bytes": grads, "peak_extra_bytes": peak.extra,
+                          "export_bytes": export, "snapshot_bytes": getattr(io, "snapshot_bytes", 0)}
+                (out / f"save{trainer.global_rank}.json").write_text(json.dumps(result))
+
+    module, datamodule = _module_and_data(hidden, layers)
+    callback = ResumeCallback(save_interval=10**9, out_dir=str(out / "out"), ckpt_dir=str(out / "checkpoints"),
+                              keep_last=10)
+    _trainer(world, out, [callback, Probe()], max_steps=3).fit(module, datamodule=datamodule)
 
 
-def plot(ranks: list[dict[str, Any]], path: Path) -> Path:
+def resume_worker(out: Path, world: int, hidden: int, layers: int) -> None:
+    """Resumes from the measured checkpoint (micro-batch 5); each rank writes ``resume{r}.json``."""
+    from callbacks import ResumeCallback
+
+    class Measured(ResumeCallback):
+        def on_train_start(self, trainer, pl_module) -> None:  # noqa: ANN001
+            with _Peak() as peak:
+                super().on_train_start(trainer, pl_module)  # reads this rank's shard, sets the gradients
+            result = {"rank": trainer.global_rank, "resume_peak_extra_bytes": peak.extra,
+                      "resume_grads_bytes": _grads_bytes(pl_module)}
+            (out / f"resume{trainer.global_rank}.json").write_text(json.dumps(result))
+
+    ckpt = next((out / "checkpoints").glob("*_e0_s5_*.ckpt"))
+    module, datamodule = _module_and_data(hidden, layers)
+    callback = Measured(save_interval=10**9, out_dir=str(out / "out2"), ckpt_dir=str(out / "checkpoints2"))
+    callback.resume_from(str(ckpt))
+    _trainer(world, out, [callback], max_steps=3).fit(module, datamodule=datamodule, ckpt_path=str(ckpt))
+
+
+def _launch(phase: str, out: Path, world: int, size: str) -> None:
+    cmd = [sys.executable, "-m", "benchmarks.bench_ddp_save", "--worker", phase, "--out", str(out),
+           "--world", str(world), "--size", size]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    files = sorted(out.glob(f"{phase}*.json"))
+    if proc.returncode != 0 or len(files) != world:
+        raise RuntimeError(f"DDP {phase} worker ({world} processes) failed (exit {proc.returncode}): {proc.stderr[-3000:]}")
+
+
+def measure(world: int, hidden: int, layers: int) -> list[dict[str, Any]]:
+    """One save run and one resume run on ``world`` processes: a dict per rank."""
+    with tempfile.TemporaryDirectory(prefix="bench-ddp-save-") as tmp:
+        out = Path(tmp)
+        for phase in ("save", "resume"):
+            _launch(phase, out, world, f"{hidden}x{layers}")
+        ranks = []
+        for rank in range(world):
+            r = {**json.loads((out / f"save{rank}.json").read_text()), **json.loads((out / f"resume{rank}.json").read_text())}
+            grads = r["grads_bytes"]
+            r["save_ratio"] = round(max(0, r["peak_extra_bytes"] - r["export_bytes"]) / grads, 3)
+            r["resume_ratio"] = round(r["resume_peak_extra_bytes"] / grads, 3)
+            r["within_target"] = max(r["save_ratio"], r["resume_ratio"]) <= TARGET
+            ranks.append(r)
+    return ranks
+
+
+def render(runs: list[dict[str, Any]]) -> str:
+    rows = [[run["world_size"], r["rank"], f"{r['grads_bytes'] / MiB:.1f}", f"{r['peak_extra_bytes'] / MiB:.1f}",
+             f"{r['export_bytes'] / MiB:.1f}", f"{r['save_ratio']:.2f}", f"{r['resume_peak_extra_bytes'] / MiB:.1f}",
+             f"{r['resume_ratio']:.2f}", f"{run['world_size'] * r['grads_bytes'] / MiB:.0f}"]
+            for run in runs for r in run["ranks"]]
+    return table(["processes", "rank", "own gradients MiB", "save: peak extra MiB", "of it fp16 export MiB",
+                  "save: (peak - export) ÷ gradients", "resume: peak extra MiB", "resume ÷ gradients",
+                  "all ranks' gradients (gathered to rank 0 before) MiB"], rows)
+
+
+def plot(runs: list[dict[str, Any]], path: Path) -> Path:
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(5.5, 3.2))
-    x = [r["rank"] for r in ranks]
-    ax.bar([i - 0.2 for i in x], [r["grads_bytes"] / MiB for r in ranks], 0.4, color="tab:gray", label="own gradients")
-    ax.bar([i + 0.2 for i in x], [r["peak_extra_bytes"] / MiB for r in ranks], 0.4, color="tab:purple",
-           label="peak extra RSS during the save")
-    ax.axhline(WORLD_SIZE * ranks[0]["grads_bytes"] / MiB, color="tab:red", ls="--", lw=1, label="an all-gather, per rank")
-    ax.set_xticks(x, [f"rank {i}" for i in x])
-    ax.set_ylabel("MiB")
-    ax.set_title("save inside an accumulation window, DDP", fontsize=9)
+    fig, ax = plt.subplots(figsize=(6.5, 3.2))
+    labels, save, resume = [], [], []
+    for run in runs:
+        for r in run["ranks"]:
+            labels.append(f"{run['world_size']}p r{r['rank']}")
+            save.append(r["save_ratio"])
+            resume.append(r["resume_ratio"])
+    x = range(len(labels))
+    ax.bar([i - 0.2 for i in x], save, 0.4, color="tab:purple", label="save: (peak - export) ÷ own gradients")
+    ax.bar([i + 0.2 for i in x], resume, 0.4, color="tab:green", label="resume: peak ÷ own gradients")
+    ax.axhline(TARGET, color="tab:red", ls="--", lw=1, label=f"target {TARGET}")
+    ax.set_xticks(list(x), labels, fontsize=7)
+    ax.set_ylabel("× own gradients")
+    ax.set_title("extra memory per rank, save inside an accumulation window, DDP", fontsize=9)
     ax.legend(fontsize=7)
     return save_figure(fig, path)
 
 
 def run(quick: bool = False, results_dir: Path = RESULTS_DIR, reps: int | None = None,
         threads: int | None = None) -> dict[str, Any]:
-    """Runs the DDP worker in its own process group (Lightning relaunches *that* command for rank 1)."""
     threads = set_threads(threads)
     hidden, layers = QUICK_SIZE if quick else FULL_SIZE
-    say(f"== checkpoint inside an accumulation window, DDP {WORLD_SIZE} CPU processes, {hidden}x{layers} ==")
-    default_data()  # built once here, not by two ranks at a time
-    with tempfile.TemporaryDirectory(prefix="bench-ddp-save-") as tmp:
-        out = Path(tmp)
-        cmd = [sys.executable, "-m", "benchmarks.bench_ddp_save", "--worker", str(out), "--size", f"{hidden}x{layers}"]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
-        files = sorted(out.glob("rank*.json"))
-        if proc.returncode != 0 or len(files) != WORLD_SIZE:
-            raise RuntimeError(f"DDP worker failed (exit {proc.returncode}): {proc.stderr[-3000:]}")
-        ranks = [json.loads(p.read_text()) for p in files]
-    text = render(ranks)
+    worlds = QUICK_WORLDS if quick else FULL_WORLDS
+    say(f"== checkpoint inside an accumulation window and its resume, DDP {'/'.join(map(str, worlds))} CPU processes, "
+        f"{hidden}x{layers} ==")
+    default_data()  # built once here, not by every rank at a time
+    runs = [{"world_size": w, "ranks": measure(w, hidden, layers)} for w in worlds]
+    text = render(runs)
     say(text)
     payload = {"benchmark": "ddp_save", "quick": quick, "threads": threads, "environment": environment(),
-               "model": f"{hidden}x{layers}", "world_size": WORLD_SIZE, "accumulate_grad_batches": 2,
-               "ranks": ranks, "table": text}
+               "model": f"{hidden}x{layers}", "accumulate_grad_batches": 2, "target_ratio": TARGET,
+               "within_target": all(r["within_target"] for run in runs for r in run["ranks"]),
+               "measured": MEASURED, "runs": runs, "table": text}
     write_json(results_dir / "ddp_save.json", payload)
-    plot(ranks, results_dir / "ddp_save.png")
+    plot(runs, results_dir / "ddp_save.png")
     return payload
 
 
@@ -154,13 +229,15 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--worker" in argv:
         parser = argparse.ArgumentParser()
-        parser.add_argument("--worker", type=Path, required=True)
-        parser.add_argument("--size", default="768x8")
+        parser.add_argument("--worker", choices=("save", "resume"), required=True)
+        parser.add_argument("--out", type=Path, required=True)
+        parser.add_argument("--world", type=int, required=True)
+        parser.add_argument("--size", default="512x8")
         args = parser.parse_args(argv)
         hidden, layers = (int(x) for x in args.size.split("x"))
-        worker(args.worker, hidden, layers)
+        (save_worker if args.worker == "save" else resume_worker)(args.out, args.world, hidden, layers)
         return 0
-    args = bench_parser(__doc__, "unused (one measured save per rank)").parse_args(argv)
+    args = bench_parser(__doc__, "unused (one measured save and resume per rank)").parse_args(argv)
     run(args.quick, args.results_dir, args.reps, args.threads)
     return 0
 

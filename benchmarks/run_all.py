@@ -105,12 +105,14 @@ def summary(payloads: dict[str, dict[str, Any]]) -> str:
                    if read is not None else "") + f"`zlib.crc32` alone in memory: {crc}.", ""]
     if "ddp_save" in payloads:
         p = payloads["ddp_save"]
-        lines += [f"### 5. Memory of a checkpoint inside an accumulation window under DDP ({p['world_size']} CPU "
+        worlds = "/".join(str(run["world_size"]) for run in p["runs"])
+        lines += [f"### 5. Memory per rank of a checkpoint inside an accumulation window under DDP ({worlds} CPU "
                   f"processes, gloo, {p['model']}; {p['environment']['date']})", "",
-                  "Saved inside a window, each rank's partial gradients go to rank 0 (point to point, one flat "
-                  "tensor per rank, never pickled); peak extra RSS from the save's start until its files are written, "
-                  "the asynchronous snapshot's buffers (kept between saves) allocated by a warm-up save before.", "",
-                  p["table"], ""]
+                  "Saved inside a window, each rank writes its partial gradients to its own shard and reads only its "
+                  "own on resume; peak extra RSS from the save's start until its files are written (rank 0 also builds "
+                  "the fp16 export), and while a resumed rank reads its shard and sets its gradients. Target: "
+                  f"≤ {p['target_ratio']}× own gradients beyond the export "
+                  f"({'met' if p['within_target'] else 'missed'}).", "", p["table"], ""]
     if "data" in payloads:
         p = payloads["data"]
         lines += [f"### 6. Data set-up at MiniMind's size (seconds, lower is better; {p['environment']['date']})", "",

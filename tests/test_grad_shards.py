@@ -10,7 +10,7 @@ import zlib
 from pathlib import Path
 
 import torch
-from conftest import assert_resumed, need_shared, run_cli, tiny_args
+from conftest import assert_resumed, cli_env, need_shared, run_cli, tiny_args
 
 from callbacks.files import CheckpointFiles
 from lit_minimind.checkpoint.atomic import read_manifest
@@ -125,3 +125,17 @@ def test_checkpoint_with_gradients_inline_still_resumes_exactly(tmp_path: Path) 
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_resumed(resumed, 1, 6)
     assert resumed.steps == {k: v for k, v in ref.steps.items() if k >= (1, 6)} and exports_equal(ref_dir, old_dir)
+
+
+def test_a_shard_that_cannot_be_written_leaves_its_checkpoint_uncommitted(tmp_path: Path) -> None:
+    """The step-5 save (inside a window) cannot write its shard (disk full): the checkpoint is never
+    committed, the run stops with one line naming the save and the shard (exit 2), no tmp file left."""
+    need_shared()
+    failed = run_cli(tmp_path, tiny_args(epochs=1, accumulate=2, save_interval=5),
+                     env=cli_env(LIT_MINIMIND_TEST_FAIL="write:.grads:1:ENOSPC"))
+    assert failed.returncode == 2, failed.stderr[-2000:]
+    errors = [line for line in failed.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "could not save the checkpoint at epoch 1 step 5" in errors[0], failed.stderr[-2000:]
+    assert "partial-gradient shard not written" in errors[0] and "No space left" in errors[0]
+    ckpts = tmp_path / "checkpoints"
+    assert not list(ckpts.glob("*.ckpt")) and not list(ckpts.glob("*.tmp")) and not list(ckpts.glob("*.grads"))
