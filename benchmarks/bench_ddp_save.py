@@ -15,7 +15,8 @@ measured checkpoint. Per rank:
 * ``grads_bytes``: its own gradients (every parameter's ``.grad``);
 * ``peak_extra_bytes``: peak RSS from the save's start until its files are written (rank 0 waits for
   its background writer) minus RSS before it;
-* ``export_bytes``: the fp16 export's tensors, which rank 0 builds during the save (0 elsewhere);
+* ``export_bytes``: the fp16 export's tensors (tied ones once), which rank 0 builds during the save
+  (0 elsewhere: only the writing rank builds it);
 * ``resume_peak_extra_bytes``: peak RSS while the resumed rank reads its shard and sets its parameters'
   gradients (``ResumeCallback.on_train_start``) minus RSS before: the gradients become the
   parameters' ``.grad``, which an uninterrupted run holds at that point too.
@@ -118,8 +119,9 @@ def save_worker(out: Path, world: int, hidden: int, layers: int) -> None:
                 with _Peak() as peak:
                     callback.save(trainer, pl_module)
                     io.wait()  # rank 0: until its files are written (asynchronous writer)
-                export = sum(t.nelement() * t.element_size() for t in fp16_weights(pl_module.state_dict()).values()) \
-                    if trainer.is_global_zero else 0
+                weights = fp16_weights(pl_module.state_dict()) if trainer.is_global_zero else {}
+                export = sum(t.untyped_storage().nbytes() for t in {t.untyped_storage().data_ptr(): t
+                                                                     for t in weights.values()}.values())
                 result = {"rank": trainer.global_rank, "grads_bytes": grads, "peak_extra_bytes": peak.extra,
                           "export_bytes": export, "snapshot_bytes": getattr(io, "snapshot_bytes", 0)}
                 (out / f"save{trainer.global_rank}.json").write_text(json.dumps(result))

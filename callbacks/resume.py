@@ -136,8 +136,10 @@ class ResumeCallback(Checkpoint):
                            "ResumeCallback holds no partial gradients (their shards need the path): its resume "
                            "restarts the window's gradients from zero")
         checkpoint[TRAINING_STATE_KEY] = save_rank_states(trainer, pl_module, partial, scale, target)
-        self._export = add_minimind_keys(checkpoint, step=step, world_size=trainer.world_size, wandb_id=self.wandb_id,
-                                         scaler_state=scaler.state_dict() if scaler is not None else None)
+        if trainer.is_global_zero:  # the rank that writes (DDP discards the others' dicts): no fp16 copy elsewhere
+            self._export = add_minimind_keys(checkpoint, step=step, world_size=trainer.world_size,
+                                             wandb_id=self.wandb_id,
+                                             scaler_state=scaler.state_dict() if scaler is not None else None)
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         """Lightning restored the data position (the DataModule's state); complete what a foreign
