@@ -92,9 +92,10 @@ _verified: dict[str, tuple[int, int, int]] = {}
 
 
 def verify_checkpoint(path: str | os.PathLike) -> None:
-    """Check a checkpoint file's bytes, once per version of the file: against its manifest (size,
-    CRC-32; and every partial-gradient shard it lists, :func:`verify_shards`), or, without one, every record CRC and header of torch's zip container
-    (:func:`lit_minimind.checkpoint.verify.verify_file`). Raises :class:`CheckpointError` naming the file."""
+    """Check a checkpoint file's bytes, once per version of the file and its shards: against its manifest
+    (size, CRC-32; and every partial-gradient shard it lists, :func:`verify_shards`), or, without one,
+    every record CRC and header of torch's zip container (:func:`lit_minimind.checkpoint.verify.verify_file`).
+    Raises :class:`CheckpointError` naming the file."""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{path}: no such checkpoint file")
@@ -118,6 +119,7 @@ def verify_checkpoint(path: str | os.PathLike) -> None:
 
 
 def _shard_versions(path: Path) -> tuple[tuple[int, int, int], ...]:
+    """The file versions of the shards ``path``'s manifest lists (a changed shard is verified again)."""
     versions = []
     for entry in shard_entries(path):
         try:
