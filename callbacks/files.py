@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lit_minimind.checkpoint.atomic import atomic_link, atomic_save, read_manifest
-from lit_minimind.checkpoint.names import minimind_file_names
+from lit_minimind.checkpoint.names import SHARD_SUFFIX, manifest_path, minimind_file_names
 from lit_minimind.checkpoint.read import verify_checkpoint, verify_manifest
 from lit_minimind.errors import CheckpointError
 from lit_minimind.resume.io import SafeCheckpointIO
@@ -65,10 +66,26 @@ class CheckpointFiles:
         return True
 
     def prune(self, stem: str, run_id: str) -> None:
-        """Keep the newest ``keep_last`` checkpoints of this run (never another run's files)."""
-        ours = [p for p in self.ckpt_dir.glob(f"{stem}_e*_s*_g*.ckpt") if read_manifest(p).get("run_id") == run_id]
-        for old in sorted(ours, key=save_order_key, reverse=True)[self.keep_last:]:
+        """Keep the newest ``keep_last`` checkpoints of this run (never another run's files), and delete
+        this run's gradient shards whose checkpoint was never committed (a kill between the shards and
+        the commit) from before the newest checkpoint; newer ones may belong to a save in flight."""
+        ours = sorted((p for p in self.ckpt_dir.glob(f"{stem}_e*_s*_g*.ckpt") if read_manifest(p).get("run_id") == run_id),
+                      key=save_order_key, reverse=True)
+        for old in ours[self.keep_last:]:
             SafeCheckpointIO().remove_checkpoint(old)
+        newest = _global_step(ours[0].name, stem, run_id) if ours else None
+        for shard in self.ckpt_dir.glob(f"{stem}_e*_s*_g*_{run_id}.ckpt.rank*{SHARD_SUFFIX}"):
+            checkpoint = shard.parent / shard.name[:shard.name.index(".ckpt.rank") + len(".ckpt")]
+            step = _global_step(checkpoint.name, stem, run_id)
+            if newest is not None and step is not None and step < newest and not manifest_path(checkpoint).exists():
+                for p in (shard, manifest_path(shard)):
+                    p.unlink(missing_ok=True)
+
+
+def _global_step(name: str, stem: str, run_id: str) -> int | None:
+    """The global step in a checkpoint's file name (:meth:`CheckpointFiles.checkpoint`), or None."""
+    match = re.fullmatch(rf"{re.escape(stem)}_e\d+_s\d+_g(\d+)_{re.escape(run_id)}\.ckpt", name)
+    return int(match.group(1)) if match else None
 
 
 def save_order_key(path: Path) -> tuple[int, bool]:

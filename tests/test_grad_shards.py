@@ -139,3 +139,28 @@ def test_a_shard_that_cannot_be_written_leaves_its_checkpoint_uncommitted(tmp_pa
     assert "partial-gradient shard not written" in errors[0] and "No space left" in errors[0]
     ckpts = tmp_path / "checkpoints"
     assert not list(ckpts.glob("*.ckpt")) and not list(ckpts.glob("*.tmp")) and not list(ckpts.glob("*.grads"))
+
+
+def test_prune_deletes_shards_of_checkpoints_never_committed_but_not_a_save_in_flight(tmp_path: Path) -> None:
+    """A kill between the shards and the commit leaves shards no manifest lists: the next prune of that
+    run deletes those from before its newest checkpoint; newer ones (a save in flight on another rank),
+    another run's and committed checkpoints' shards stay."""
+    from lit_minimind.checkpoint.atomic import atomic_save
+    from lit_minimind.checkpoint.names import shard_path
+
+    files = CheckpointFiles(tmp_path, tmp_path / "out", "pretrain", keep_last=3)
+    ckpt = {k: files.checkpoint("pretrain_64", 0, s, g, "run1") for k, s, g in [("old", 2, 1), ("new", 6, 3)]}
+    for path in ckpt.values():
+        atomic_save({"x": torch.zeros(1)}, path, meta={"run_id": "run1"})
+        atomic_save({"grads": {}}, shard_path(path, 1))
+    orphan = files.checkpoint("pretrain_64", 0, 4, 2, "run1")  # killed after its shards
+    in_flight = files.checkpoint("pretrain_64", 0, 8, 4, "run1")  # rank 1 wrote its shard, rank 0 not yet committed
+    other_run = files.checkpoint("pretrain_64", 0, 4, 2, "run2")
+    for path in (orphan, in_flight, other_run):
+        for rank in (0, 1):
+            atomic_save({"grads": {}}, shard_path(path, rank))
+    files.prune("pretrain_64", "run1")
+    left = sorted(p.name for p in tmp_path.glob("*.grads"))
+    assert left == sorted(shard_path(p, r).name for p, r in [(ckpt["old"], 1), (ckpt["new"], 1), (in_flight, 0),
+                                                              (in_flight, 1), (other_run, 0), (other_run, 1)])
+    assert not list(tmp_path.glob(f"{orphan.name}*")), "the orphan's shards and their manifests are gone"
