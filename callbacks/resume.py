@@ -21,6 +21,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from callbacks.files import CheckpointFiles, agree_on_checkpoint
 from callbacks.preemption import STOP
+from callbacks.remote import RemoteCheckpoints, staging_dir
 from callbacks.schedule import SaveSchedule
 from callbacks.wandb_run import describe_wandb_run, resume_record, wandb_run_id
 from lit_minimind.checkpoint.names import CALLBACK_FORMAT_VERSION, RESUME_STATE_KEY, TRAINING_STATE_KEY, checkpoint_stem
@@ -57,13 +58,18 @@ class ResumeCallback(Checkpoint):
         save_every_minutes: also save when this many minutes passed since the last save.
         async_save: write in the background: the loop blocks only to snapshot the state (at most one
             save in flight; a failed write stops training at the next optimizer step).
+        upload_timeout: with a remote ``ckpt_dir``/``out_dir`` (an fsspec URL, :mod:`callbacks.remote`): how
+            many seconds the end of the run waits for the newest save's upload.
     """
 
     def __init__(self, save_interval: int = 1000, out_dir: str = "out", ckpt_dir: str = "checkpoints",
                  weight: str = "pretrain", keep_last: int = 2, save_every_minutes: float | None = None,
-                 async_save: bool = True) -> None:
+                 async_save: bool = True, upload_timeout: float = 300.0) -> None:
         self.schedule = SaveSchedule(save_interval, save_every_minutes)
-        self.files = CheckpointFiles(ckpt_dir, out_dir, weight, keep_last)
+        # a URL directory: the files are written to a local staging directory, then uploaded (callbacks.remote)
+        self.remote = RemoteCheckpoints.of(ckpt_dir, out_dir, keep_last)
+        self.upload_timeout = upload_timeout
+        self.files = CheckpointFiles(staging_dir("ckpt_dir", ckpt_dir), staging_dir("out_dir", out_dir), weight, keep_last)
         self.dirpath = str(self.files.ckpt_dir)
         self.async_save = async_save
         self._in_flight = ""  # what the save being written is, for its error message
@@ -228,6 +234,8 @@ class ResumeCallback(Checkpoint):
         stem = self.stem(pl_module)
         if ckpt.suffix == ".ckpt" and ckpt.parent == self.files.ckpt_dir and not self.files.published(ckpt, stem):
             self.saved_files = self.files.publish(ckpt, stem, fp16_weights(pl_module.state_dict()))
+        if self.remote is not None and ckpt.parent == self.files.ckpt_dir:  # a local checkpoint newer than the remote's
+            self.remote.offer_if_newer(ckpt, self.files.export(stem), stem, self.run_id)
 
     # ------------------------------------------------------------------ saving
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
@@ -326,6 +334,8 @@ class ResumeCallback(Checkpoint):
             def publish() -> None:
                 self.saved_files = self.files.publish(path, stem, export)
                 self.files.prune(stem, self.run_id)
+                if self.remote is not None:  # mirrored in the background once committed here
+                    self.remote.offer(path, self.files.export(stem), stem, self.run_id)
                 self.save_seconds = (self.save_seconds[0], time.monotonic() - started)
             if isinstance(io, SafeCheckpointIO):
                 io.submit(publish)  # after the checkpoint's commit; skipped if that failed

@@ -1,5 +1,5 @@
 """The one atomic writer: every file this project writes goes through :func:`atomic_save`,
-:func:`atomic_link` or :func:`atomic_write_bytes`.
+:func:`atomic_link`, :func:`atomic_receive` or :func:`atomic_write_bytes`.
 
 Order: data to a tmp file in the same directory (fsync), manifest ``<file>.manifest.json`` with size
 and CRC-32 (fsync, atomic), ``os.replace`` of the data, fsync of the directory. A reader can then tell
@@ -16,13 +16,14 @@ import shutil
 import tempfile
 import time
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any, BinaryIO
 
 import torch
 
 from lit_minimind.checkpoint.names import manifest_path
+from lit_minimind.errors import CheckpointError
 
 
 class _HashingWriter:
@@ -111,6 +112,29 @@ def atomic_link(source: str | os.PathLike, path: str | os.PathLike) -> dict[str,
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
         return _commit(tmp, path, {k: v for k, v in read_manifest(source).items() if k not in ("file", "replaces")})
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_receive(chunks: Iterable[bytes], path: str | os.PathLike, manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """Write a file received in ``chunks`` (a download) atomically, with ``manifest`` beside it, checking
+    size and CRC-32 while the bytes arrive: a mismatch raises :class:`CheckpointError` and leaves nothing."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp")
+    try:
+        crc, size = 0, 0
+        with open(tmp, "wb") as f:
+            for chunk in chunks:
+                crc, size = zlib.crc32(chunk, crc), size + len(chunk)
+                f.write(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+        if size != manifest.get("size") or f"{crc:08x}" != manifest.get("crc32"):
+            raise CheckpointError(f"{path.name}: received {size} bytes with CRC-32 {crc:08x}, its manifest says "
+                                  f"{manifest.get('size')} bytes, {manifest.get('crc32')} (damaged or replaced)")
+        return _commit(tmp, path, {k: v for k, v in manifest.items() if k not in ("file", "replaces")})
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

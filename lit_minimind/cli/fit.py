@@ -26,9 +26,9 @@ from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from callbacks import MiniMindConsole, ResumeCallback
-from callbacks.files import choose_checkpoint
 from callbacks.preemption import LOST_PEER_EXIT, STOP, cluster_plugins, lost_peer_advice, requeue_if_preempted
 from callbacks.progress import MiniMindProgressBar
+from callbacks.remote import REMOTE_BEHIND_EXIT, choose_with_remote
 from callbacks.wandb_run import continue_wandb_run
 from lit_minimind.checkpoint.names import checkpoint_stem
 from lit_minimind.cli.export import export_after_fit
@@ -141,6 +141,7 @@ def summary(cli: MiniMindCLI, resume: ResumeCallback, console: MiniMindConsole, 
         f"resume checkpoints: {resume.ckpt_dir}/ (resume with --ckpt_path last)",
         f"logs: {log_dir}",
         *([f"Hugging Face export: {exported}"] if exported else []),
+        *([resume.remote.summary()] if resume.remote is not None else []),
     ]
     return "\n".join(lines)
 
@@ -208,7 +209,8 @@ def run_fit(args: list[str] | None) -> int:
         resume = next(cb for cb in cli.trainer.callbacks if isinstance(cb, ResumeCallback))
         console = next(cb for cb in cli.trainer.callbacks if isinstance(cb, MiniMindConsole))
         stem = checkpoint_stem(resume.weight, cli.model.config.hidden_size, cli.model.config.use_moe)
-        ckpt_path = choose_checkpoint(cli.config.get("ckpt_path"), resume.ckpt_dir, stem, cli.trainer.global_rank)
+        ckpt_path = choose_with_remote(cli.config.get("ckpt_path"), resume.remote, resume.ckpt_dir, stem,
+                                       cli.trainer.global_rank)  # a remote ckpt_dir: rank 0 downloads a newer one
         resume.resume_from(ckpt_path)  # under DDP every rank then loads global rank 0's choice
         if ckpt_path and cli.trainer.is_global_zero:  # verified and read once; what the start needs comes from this read
             start_ckpt = read_start_checkpoint(ckpt_path)
@@ -244,10 +246,15 @@ def run_fit(args: list[str] | None) -> int:
         print(advice, file=sys.stderr, flush=True)
         return LOST_PEER_EXIT
     log_dir = cli.trainer.log_dir  # a collective under DDP: every rank asks
+    # a remote checkpoint directory: rank 0 waits (bounded) for the newest save's upload
+    remote_holds = resume.remote.finish(resume.upload_timeout) if resume.remote and cli.trainer.is_global_zero else True
     if cli.trainer.is_global_zero:
         print(summary(cli, resume, console, log_dir, exported), flush=True)
     # SLURM + SIGUSR1: rank 0 requeues the job, now that the stop's checkpoint is committed on disk
     code = requeue_if_preempted(cli.trainer, resume.stopped_by, cli.config.get("ckpt_path"))
+    if not remote_holds and code == 0:
+        print(resume.remote.behind_line(), file=sys.stderr, flush=True)
+        code = REMOTE_BEHIND_EXIT
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()  # a clean exit for every rank
     return code

@@ -1,0 +1,160 @@
+"""Remote checkpoint directories (``--resume.ckpt_dir`` / ``--resume.out_dir`` as fsspec URLs).
+
+A save goes to a local staging directory first (``checkpoints/`` and ``out/`` in the working
+directory: the existing atomic local save, the fast path a resume on the same node uses); after its
+commit there, the background :class:`lit_minimind.resume.upload.Uploader` mirrors it: the Lightning
+checkpoint uploaded, verified and committed by its manifest object, MiniMind's ``{stem}_resume.pth``
+as a server-side copy of it, the fp16 export ``{stem}.pth`` uploaded to the remote out directory,
+then the remote's retention. ``--ckpt_path last`` downloads the newest committed remote checkpoint
+when no local one is newer.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.utilities import rank_zero_warn
+
+from callbacks.files import choose_checkpoint, resolve_last
+from lit_minimind.checkpoint.atomic import read_manifest
+from lit_minimind.checkpoint.names import minimind_file_names
+from lit_minimind.checkpoint.remote import RemoteDir, is_url
+from lit_minimind.errors import CheckpointError
+from lit_minimind.resume.upload import Upload, Uploader, describe
+
+REMOTE_BEHIND_EXIT = 5  # training ended, but the remote does not hold the newest checkpoint
+STAGING = {"ckpt_dir": "checkpoints", "out_dir": "out"}  # local staging directories of remote ones
+_LABEL = ("epoch", "step", "global_step")
+
+
+def staging_dir(flag: str, value: str) -> str:
+    """The local directory a ``--resume.{flag}`` value is written to: itself, or for a URL the staging one."""
+    return STAGING[flag] if is_url(value) else value
+
+
+class RemoteCheckpoints:
+    """The remote side of a run's checkpoint files: what to upload after a save, what to fetch at start."""
+
+    def __init__(self, ckpt_url: str | None, out_url: str | None, keep_last: int) -> None:
+        self.ckpt = RemoteDir(ckpt_url, "--resume.ckpt_dir") if ckpt_url else None
+        self.out = RemoteDir(out_url, "--resume.out_dir") if out_url else None
+        self.keep_last = keep_last
+        self.uploader = Uploader((self.ckpt or self.out).url)  # type: ignore[union-attr]
+
+    @classmethod
+    def of(cls, ckpt_dir: str, out_dir: str, keep_last: int) -> RemoteCheckpoints | None:
+        ckpt, out = (str(d) if is_url(str(d)) else None for d in (ckpt_dir, out_dir))
+        return cls(ckpt, out, keep_last) if ckpt or out else None
+
+    # ------------------------------------------------------------------ after a save
+    def offer(self, checkpoint: Path, export: Path, stem: str, run_id: str) -> None:
+        """Queue the upload of a save committed locally (called on the writer thread, after its files).
+        The files are opened now: a later save or the local retention cannot change what is uploaded."""
+        manifest = read_manifest(checkpoint)
+        label = {k: manifest.get(k) for k in _LABEL}
+        opened: list[Any] = []
+        steps = []
+        if self.ckpt is not None:
+            ckpt, resume = self.ckpt, minimind_file_names(stem)[1]
+            data = open(checkpoint, "rb")
+            opened.append(data)
+            steps.append(lambda: ckpt.upload(data, checkpoint.name, manifest))
+            steps.append(lambda: ckpt.copy(checkpoint.name, resume, manifest))
+        if self.out is not None and export.exists():
+            out, export_manifest = self.out, read_manifest(export)
+            weights = open(export, "rb")
+            opened.append(weights)
+            steps.append(lambda: out.upload(weights, export.name, export_manifest))
+        if self.ckpt is not None:
+            steps.append(lambda: self.prune(stem, run_id))
+
+        def close() -> None:
+            for f in opened:
+                f.close()
+        self.uploader.offer(Upload(label, steps, close))
+
+    def prune(self, stem: str, run_id: str) -> None:
+        """The remote's rolling window: this run's newest ``keep_last`` checkpoints stay (manifest deleted first)."""
+        assert self.ckpt is not None
+        ours = [name for name, m in self.ckpt.committed(f"{stem}_e*_s*_g*.ckpt") if m.get("run_id") == run_id]
+        for name in ours[self.keep_last:]:
+            self.ckpt.remove(name)
+
+    # ------------------------------------------------------------------ at start
+    def newest(self, stem: str) -> list[tuple[str, dict[str, Any]]]:
+        """Committed remote checkpoints of ``stem``, newest first (raises a one-line error when unreachable)."""
+        if self.ckpt is None:
+            return []
+        try:
+            return self.ckpt.committed(f"{stem}_e*_s*_g*.ckpt")
+        except Exception as err:  # noqa: BLE001 - endpoint down, no bucket, no permission
+            raise CheckpointError(f"--ckpt_path last: cannot list {self.ckpt.url} ({type(err).__name__}: "
+                                  f"{str(err).splitlines()[0] if str(err) else ''}); nothing was started: run again "
+                                  "when the remote answers") from None
+
+    def fetch_newer(self, local_dir: Path, stem: str) -> Path | None:
+        """Download the newest committed remote checkpoint newer than every local one (a damaged one is
+        skipped with a warning, the next one tried); None when a local one is as new or none is on the remote."""
+        candidates = self.newest(stem)
+        if candidates:
+            self.uploader.holds = {k: candidates[0][1].get(k) for k in _LABEL}
+        local = resolve_last(local_dir, stem, verify=False) if Path(local_dir).is_dir() else None
+        local_at = int(read_manifest(local).get("saved_at") or 0) if local is not None else -1
+        assert self.ckpt is not None or not candidates
+        for name, manifest in candidates:
+            if int(manifest.get("saved_at") or 0) <= local_at:
+                return None
+            target = Path(local_dir) / name
+            try:
+                self.ckpt.download(name, manifest, target)  # type: ignore[union-attr]
+            except CheckpointError as err:
+                rank_zero_warn(f"skipping remote checkpoint {err}")
+                continue
+            print(f"remote: downloaded {self.ckpt.where(name)} ({describe(manifest)}, CRC-32 checked)",  # type: ignore[union-attr]
+                  flush=True)
+            return target
+        return None
+
+    def offer_if_newer(self, checkpoint: Path, export: Path, stem: str, run_id: str) -> None:
+        """The run starts from a local checkpoint newer than the remote's newest: it is uploaded too."""
+        if self.ckpt is None or checkpoint.suffix != ".ckpt":
+            return
+        newest = self.newest(stem)
+        if not newest or int(newest[0][1].get("saved_at") or 0) < int(read_manifest(checkpoint).get("saved_at") or 0):
+            self.offer(checkpoint, export, stem, run_id)
+
+    # ------------------------------------------------------------------ at the end
+    def finish(self, timeout: float) -> bool:
+        """Wait (bounded) for the newest save's upload; True when the remote holds it."""
+        if self.uploader.latest is not None and self.uploader.latest != self.uploader.holds:
+            print(f"remote: waiting up to {timeout:g} s for the upload of {describe(self.uploader.latest)} "
+                  "(--resume.upload_timeout)", flush=True)
+        return self.uploader.finish(timeout)
+
+    def summary(self) -> str:
+        held, latest = self.uploader.holds, self.uploader.latest
+        behind = "" if latest is None or held == latest else f" - BEHIND: the newest save is {describe(latest)}"
+        return f"remote checkpoints: {self.uploader.where} holds {describe(held)}{behind}"
+
+    def behind_line(self) -> str:
+        return (f"error: the remote {self.uploader.where} holds {describe(self.uploader.holds)}, not the newest "
+                f"save ({describe(self.uploader.latest)}, kept locally in {STAGING['ckpt_dir']}/); "
+                "rerun with --ckpt_path last on this machine to upload it")
+
+
+def choose_with_remote(flag: str | None, remote: RemoteCheckpoints | None, ckpt_dir: str | Path, stem: str,
+                       global_rank: int) -> str | None:
+    """:func:`callbacks.files.choose_checkpoint`, the remote included: for ``last`` global rank 0 first
+    downloads the newest committed remote checkpoint when it is newer than every local one (a local
+    one newer than the remote's wins, and is uploaded at the start). Another rank only looks whether
+    there is a checkpoint anywhere; every rank then loads rank 0's choice."""
+    if flag != "last" or remote is None or remote.ckpt is None:
+        return choose_checkpoint(flag, ckpt_dir, stem, global_rank)
+    if global_rank == 0:
+        remote.fetch_newer(Path(ckpt_dir), stem)
+        return choose_checkpoint(flag, ckpt_dir, stem, global_rank)
+    local = choose_checkpoint(flag, ckpt_dir, stem, global_rank)
+    if local is None and remote.newest(stem):
+        return remote.ckpt.url  # rank 0 downloads it; this rank loads rank 0's file (agree_on_checkpoint)
+    return local

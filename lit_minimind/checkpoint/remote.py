@@ -1,0 +1,151 @@
+"""Checkpoint directories on object storage: fsspec URLs (``s3://bucket/prefix``, ``gs://``, ``file://``, ...).
+
+An object store has no rename, fsync or hard link; the same guarantees come from order. A file is
+uploaded as its data object ``{dir}/{name}``, verified on the remote (size, and its CRC-32 read back),
+and only then committed by its manifest object ``{dir}/{name}.manifest.json`` (the local manifest's
+fields: size, CRC-32, epoch, step, run id, save time). A reader trusts manifests only and checks the
+CRC-32 while downloading (:func:`lit_minimind.checkpoint.atomic.atomic_receive`); retention deletes a
+manifest before its data, so a half-deleted checkpoint is never a candidate. Credentials come from
+the backend's own environment and configuration (``AWS_*``, ``AWS_ENDPOINT_URL``); nothing here
+stores, prints or logs them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from lit_minimind.checkpoint.atomic import atomic_receive
+from lit_minimind.checkpoint.names import MANIFEST_SUFFIX
+from lit_minimind.errors import CheckpointError, UsageError
+
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+# what to install for a scheme whose fsspec backend is missing
+_EXTRAS = {"s3": "pip install 'lit-minimind[s3]'", "s3a": "pip install 'lit-minimind[s3]'",
+           "gs": "pip install gcsfs", "gcs": "pip install gcsfs",
+           "az": "pip install adlfs", "abfs": "pip install adlfs", "abfss": "pip install adlfs"}
+CHUNK = 8 << 20  # bytes per read/write of a transfer
+
+
+def is_url(path: Any) -> bool:
+    """A directory given as a URL (``scheme://...``) rather than a local path."""
+    return isinstance(path, str) and bool(_URL.match(path))
+
+
+def _crc32(chunks: Iterator[bytes]) -> tuple[int, str]:
+    crc, size = 0, 0
+    for chunk in chunks:
+        crc, size = zlib.crc32(chunk, crc), size + len(chunk)
+    return size, f"{crc:08x}"
+
+
+class RemoteDir:
+    """One checkpoint directory on object storage (any fsspec backend)."""
+
+    def __init__(self, url: str, flag: str = "directory") -> None:
+        import fsspec
+
+        self.url = url.rstrip("/")
+        scheme = self.url.split("://", 1)[0].lower()
+        # s3: no cached instance or listing (another process changes the bucket), bounded waits
+        options: dict[str, Any] = {"skip_instance_cache": True}
+        if scheme in ("s3", "s3a"):
+            options.update(use_listings_cache=False,
+                           config_kwargs={"connect_timeout": 5, "read_timeout": 60, "retries": {"max_attempts": 2}})
+        try:
+            self.fs, self.root = fsspec.core.url_to_fs(self.url, **options)
+        except ImportError:
+            raise UsageError(f"{flag} {url}: the {scheme}:// backend is not installed: "
+                             f"{_EXTRAS.get(scheme, 'install the fsspec backend for ' + scheme + '://')}") from None
+        except ValueError as err:
+            raise UsageError(f"{flag} {url}: {str(err).splitlines()[0]}") from None
+        self.root = self.root.rstrip("/")
+
+    def path(self, name: str) -> str:
+        return f"{self.root}/{name}"
+
+    def where(self, name: str) -> str:
+        return f"{self.url}/{name}"
+
+    # ------------------------------------------------------------------ reading
+    def manifest(self, name: str) -> dict[str, Any] | None:
+        """The committed manifest of ``name`` (None: not committed, or unreadable)."""
+        try:
+            return json.loads(self.fs.cat_file(self.path(name + MANIFEST_SUFFIX)))
+        except FileNotFoundError:
+            return None
+        except ValueError:
+            return None
+
+    def committed(self, pattern: str) -> list[tuple[str, dict[str, Any]]]:
+        """``(name, manifest)`` of every committed file matching ``pattern``, newest save first."""
+        self.fs.invalidate_cache()
+        found = []
+        for path in self.fs.glob(self.path(pattern + MANIFEST_SUFFIX)):
+            name = path.rsplit("/", 1)[-1].removesuffix(MANIFEST_SUFFIX)
+            manifest = self.manifest(name)
+            if manifest is not None and "size" in manifest and "crc32" in manifest:
+                found.append((name, manifest))
+        return sorted(found, key=lambda item: int(item[1].get("saved_at") or 0), reverse=True)
+
+    def _chunks(self, name: str) -> Iterator[bytes]:
+        with self.fs.open(self.path(name), "rb", block_size=CHUNK) as f:
+            while chunk := f.read(CHUNK):
+                yield chunk
+
+    def download(self, name: str, manifest: dict[str, Any], local: str | Path) -> dict[str, Any]:
+        """``name`` to the local file ``local`` (atomic, with ``manifest``), its CRC-32 checked while streaming."""
+        try:
+            return atomic_receive(self._chunks(name), local, manifest)
+        except CheckpointError as err:
+            raise CheckpointError(f"{self.where(name)}: {str(err).split(': ', 1)[-1]}") from None
+        except FileNotFoundError:
+            raise CheckpointError(f"{self.where(name)}: its manifest is committed but the object is missing") from None
+
+    # ------------------------------------------------------------------ writing (data, verify, manifest last)
+    def _verify(self, name: str, manifest: dict[str, Any]) -> None:
+        size = self.fs.info(self.path(name))["size"]
+        if size != manifest["size"]:
+            raise OSError(f"{self.where(name)}: {size} bytes on the remote, {manifest['size']} uploaded (torn upload)")
+        if _crc32(self._chunks(name)) != (manifest["size"], manifest["crc32"]):
+            raise OSError(f"{self.where(name)}: the remote bytes' CRC-32 differs from the uploaded file's")
+
+    def _commit(self, name: str, manifest: dict[str, Any]) -> None:
+        record = {k: v for k, v in manifest.items() if k != "replaces"}
+        self.fs.pipe_file(self.path(name + MANIFEST_SUFFIX), json.dumps({**record, "file": name}, indent=1).encode())
+
+    def holds(self, name: str, manifest: dict[str, Any]) -> bool:
+        """``name`` is committed on the remote with this content (same size, CRC-32 and save time)."""
+        there = self.manifest(name) or {}
+        return all(there.get(k) == manifest.get(k) for k in ("size", "crc32", "saved_at"))
+
+    def upload(self, source: BinaryIO, name: str, manifest: dict[str, Any]) -> None:
+        """Upload ``source`` (a file open for reading) as ``name``: data, verify, manifest (the commit)."""
+        if self.holds(name, manifest):
+            return
+        source.seek(0)
+        with self.fs.open(self.path(name), "wb", block_size=max(CHUNK, 5 << 20)) as out:
+            shutil.copyfileobj(source, out, CHUNK)
+        self._verify(name, manifest)
+        self._commit(name, manifest)
+
+    def copy(self, source: str, name: str, manifest: dict[str, Any]) -> None:
+        """``name`` as a server-side copy of the committed ``source`` (no bytes through this machine), verified."""
+        if self.holds(name, manifest):
+            return
+        self.fs.copy(self.path(source), self.path(name))
+        self._verify(name, manifest)
+        self._commit(name, manifest)
+
+    def remove(self, name: str) -> None:
+        """Retention: the manifest first (no longer a candidate), then the data."""
+        for path in (self.path(name + MANIFEST_SUFFIX), self.path(name)):
+            try:
+                self.fs.rm_file(path)
+            except FileNotFoundError:
+                pass
