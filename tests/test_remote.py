@@ -1,0 +1,264 @@
+"""Checkpoint directories on object storage, against a real S3-compatible HTTP server on localhost
+(moto's threaded server, as s3fs's own tests use), through s3fs and the network: kill-anywhere resume
+on fresh machines from the bucket, the server stopped mid-run, a corrupted remote object, the endpoint
+down at the end, secrets on disk, a missing backend."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import Run, assert_resumed, cli_env, need_shared, tiny_args
+from test_resume_exact import assert_same_tensors, assert_steps_match, final_state
+
+pytest.importorskip("s3fs")
+moto_server = pytest.importorskip("moto.server")
+
+SECRET = f"lit-minimind-test-secret-{uuid.uuid4().hex}"
+KEY_ID = "AKIALITMINIMINDTEST"
+COMMITTED = "committed to s3://"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class S3:
+    """A moto S3 server on localhost; its buckets live in this process and survive stop/start."""
+
+    port: int
+    bucket: str
+    server: object | None = None
+
+    def start(self) -> None:
+        # one request per connection: a stopped server then refuses every request (no kept-alive connection)
+        moto_server.MotoRequestHandler.protocol_version = "HTTP/1.0"
+        self.server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+        self.server.start()
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def url(self, *parts: str) -> str:
+        return "/".join([f"s3://{self.bucket}", *parts])
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return cli_env(AWS_ENDPOINT_URL=self.endpoint, AWS_ACCESS_KEY_ID=KEY_ID, AWS_SECRET_ACCESS_KEY=SECRET,
+                       AWS_DEFAULT_REGION="us-east-1", AWS_CONFIG_FILE=os.devnull,
+                       AWS_SHARED_CREDENTIALS_FILE=os.devnull, **extra)
+
+    def fs(self):
+        import s3fs
+
+        return s3fs.S3FileSystem(key=KEY_ID, secret=SECRET, endpoint_url=self.endpoint, skip_instance_cache=True,
+                                 use_listings_cache=False, client_kwargs={"region_name": "us-east-1"})
+
+
+@pytest.fixture
+def s3() -> Iterator[S3]:
+    server = S3(free_port(), f"ckpt-{uuid.uuid4().hex[:12]}")
+    server.start()
+    import boto3
+
+    boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1", aws_access_key_id=KEY_ID,
+                 aws_secret_access_key=SECRET).create_bucket(Bucket=server.bucket)
+    yield server
+    if server.server is not None:
+        server.stop()
+
+
+def remote_args(s3: S3, *extra: str, epochs: int = 2) -> list[str]:
+    return tiny_args("--resume.ckpt_dir", s3.url("run", "checkpoints"), "--resume.out_dir", s3.url("run", "out"),
+                     *extra, epochs=epochs, accumulate=2, save_interval=5)
+
+
+def run_watching(cwd: Path, args: list[str], env: dict[str, str],
+                 react: Callable[[str, int], bool] = lambda line, n: False, timeout: float = 300) -> Run:
+    """The CLI in ``cwd``; ``react(line, committed_so_far)`` sees each stdout line, True: SIGKILL the run now."""
+    from conftest import LINE_RE
+
+    proc = subprocess.Popen([sys.executable, "-m", "lit_minimind.fit", *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    out, committed = [], 0
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        out.append(line)
+        committed += COMMITTED in line
+        if react(line, committed):
+            os.killpg(proc.pid, signal.SIGKILL)
+            break
+    rest, err = proc.communicate(timeout=timeout)
+    stdout = "".join(out) + (rest or "")
+    return Run(proc.returncode, stdout, err, LINE_RE.findall(stdout))
+
+
+def remote_position(s3: S3, iters: int = 12) -> tuple[int, int] | None:
+    """Where ``--ckpt_path last`` on a fresh machine must resume: after the newest committed remote checkpoint."""
+    fs = s3.fs()
+    manifests = [json.loads(fs.cat_file(p)) for p in fs.glob(f"{s3.bucket}/run/checkpoints/*.ckpt.manifest.json")]
+    if not manifests:
+        return None
+    newest = max(manifests, key=lambda m: m["saved_at"])
+    epoch, step = int(newest["epoch"]), int(newest["step"])
+    return (epoch + 2, 1) if step >= iters else (epoch + 1, step + 1)
+
+
+def assert_no_secret(*roots: Path, texts: tuple[str, ...] = ()) -> None:
+    for text in texts:
+        assert SECRET not in text
+    for root in roots:
+        for path in root.rglob("*"):
+            if path.is_file():
+                assert SECRET.encode() not in path.read_bytes(), f"the secret key is written in {path}"
+
+
+def test_missing_backend_is_one_line_exit_2(tmp_path: Path) -> None:
+    """An s3:// directory without s3fs installed: one ``error:`` line naming the extra, exit 2."""
+    need_shared()
+    shadow = tmp_path / "no_s3fs"
+    (shadow / "s3fs").mkdir(parents=True)
+    (shadow / "s3fs" / "__init__.py").write_text("raise ImportError('No module named s3fs')\n")
+    env = cli_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(shadow), env["PYTHONPATH"]])
+    run = run_watching(tmp_path, tiny_args("--resume.ckpt_dir", "s3://bucket/ckpt"), env)
+    assert run.returncode == 2, run.stderr[-2000:]
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "pip install 'lit-minimind[s3]'" in errors[0] and "--resume.ckpt_dir" in errors[0], run.stderr
+    assert "Traceback" not in run.stderr
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_endpoint_down_at_the_end_exits_5_with_one_line(tmp_path: Path) -> None:
+    """Nothing answers at the endpoint: training is unaffected (local saves go on), the end waits
+    ``--resume.upload_timeout`` and exits 5 with one line saying what the remote holds."""
+    need_shared()
+    down = S3(free_port(), "nobucket")  # nothing listens there
+    run = run_watching(tmp_path, remote_args(down, "--resume.upload_timeout", "2", epochs=1), down.env())
+    assert run.returncode == 5, run.stderr[-3000:]
+    assert len(run.steps) == 12  # every step trained
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "holds no checkpoint" in errors[0] and "epoch 1 step 12" in errors[0], run.stderr
+    assert "BEHIND" in run.stdout and "failed" in run.stdout
+    assert (tmp_path / "checkpoints" / "pretrain_64_resume.pth").exists()  # the local staging save is complete
+    assert_no_secret(tmp_path, texts=(run.stdout, run.stderr))
+
+
+@pytest.mark.slow
+def test_killed_runs_resumed_on_fresh_machines_from_the_bucket_are_bit_identical(tmp_path: Path, s3: S3) -> None:
+    """SIGKILLed after a committed upload (or at a random console line), each resume on an empty working
+    directory: downloaded from the bucket, resumed where the remote stands, ends with the uninterrupted
+    run's weights; nothing on disk or on the console carries the secret key."""
+    need_shared()
+    args = tiny_args(epochs=2, accumulate=2, save_interval=5)
+    ref_dir = tmp_path / "ref"
+    ref_dir.mkdir()
+    ref = run_watching(ref_dir, args, cli_env())
+    assert ref.returncode == 0, ref.stderr[-3000:]
+
+    rng = random.Random("remote-kills")
+    runs, dirs = [], []
+    for i in range(3):
+        run_dir = tmp_path / f"machine{i}"
+        run_dir.mkdir()
+        dirs.append(run_dir)
+        want = remote_position(s3)
+        kill_at = rng.randint(1, 2)
+        run = run_watching(run_dir, remote_args(s3, "--ckpt_path", "last"), s3.env(),
+                           lambda line, n, k=kill_at: n >= k)
+        runs.append(run)
+        if want is not None:
+            assert_resumed(run, *want)
+            assert "CRC-32 checked" in run.stdout
+        if run.returncode == 0:
+            break
+        assert run.returncode == -9, run.stderr[-3000:]
+    if runs[-1].returncode != 0:
+        final_dir = tmp_path / "final"
+        final_dir.mkdir()
+        dirs.append(final_dir)
+        want = remote_position(s3)
+        final = run_watching(final_dir, remote_args(s3, "--ckpt_path", "last"), s3.env())
+        assert final.returncode == 0, final.stderr[-3000:]
+        assert want is not None
+        assert_resumed(final, *want)
+        runs.append(final)
+    assert_steps_match(runs, ref)
+    ref_weights, ref_resume = final_state(ref_dir, False)
+    weights, resume = final_state(dirs[-1], False)
+    assert_same_tensors(weights, ref_weights)
+    assert_same_tensors(resume["state_dict"], ref_resume["state_dict"])
+    # the remote holds the end too: MiniMind's names there (export uploaded, _resume.pth a server-side copy)
+    fs = s3.fs()
+    remote_weights = torch.load(fs.open(f"{s3.bucket}/run/out/pretrain_64.pth", "rb"), weights_only=True)
+    remote_resume = torch.load(fs.open(f"{s3.bucket}/run/checkpoints/pretrain_64_resume.pth", "rb"), weights_only=True)
+    assert_same_tensors(remote_weights, ref_weights)
+    assert_same_tensors(remote_resume["state_dict"], ref_resume["state_dict"])
+    assert "holds epoch 2 step 12" in runs[-1].stdout
+    assert_no_secret(tmp_path, texts=tuple(r.stdout + r.stderr for r in runs))
+
+
+def test_server_stopped_mid_run_loses_no_training_and_the_remote_catches_up(tmp_path: Path, s3: S3) -> None:
+    need_shared()
+    state = {"stopped": False, "restarted": False}
+
+    def react(line: str, committed: int) -> bool:
+        if committed >= 1 and not state["stopped"]:
+            s3.stop()  # after the first committed upload
+            state["stopped"] = True
+        elif state["stopped"] and not state["restarted"] and "failed" in line and line.startswith("remote:"):
+            s3.start()  # the uploader saw the endpoint down: bring it back
+            state["restarted"] = True
+        return False
+
+    run = run_watching(tmp_path, remote_args(s3, "--resume.upload_timeout", "60"), s3.env(), react)
+    assert state["restarted"], run.stdout[-3000:]
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert len(run.steps) == 24
+    assert "answers again" in run.stdout
+    assert "holds epoch 2 step 12 (global step 12)" in run.stdout and "BEHIND" not in run.stdout
+    local = torch.load(tmp_path / "out" / "pretrain_64.pth", weights_only=True)
+    remote = torch.load(s3.fs().open(f"{s3.bucket}/run/out/pretrain_64.pth", "rb"), weights_only=True)
+    assert_same_tensors(remote, local)
+
+
+def test_a_corrupted_remote_checkpoint_is_skipped_for_the_previous_one(tmp_path: Path, s3: S3) -> None:
+    need_shared()
+    first = tmp_path / "first"
+    first.mkdir()
+    run = run_watching(first, remote_args(s3, epochs=1), s3.env())
+    assert run.returncode == 0, run.stderr[-3000:]
+    fs = s3.fs()
+    committed = sorted((json.loads(fs.cat_file(p)) for p in fs.glob(f"{s3.bucket}/run/checkpoints/*.ckpt.manifest.json")),
+                       key=lambda m: m["saved_at"], reverse=True)
+    assert len(committed) == 2, committed  # keep_last 2 on the remote too
+    newest, previous = committed
+    path = f"{s3.bucket}/run/checkpoints/{newest['file']}"
+    data = bytearray(fs.cat_file(path))
+    data[len(data) // 2] ^= 0xFF  # same size, one byte changed after the commit
+    fs.pipe_file(path, bytes(data))
+
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    resumed = run_watching(fresh, remote_args(s3, "--ckpt_path", "last", epochs=1), s3.env())
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "skipping remote checkpoint" in resumed.stderr and newest["file"] in resumed.stderr
+    assert_resumed(resumed, 1, int(previous["step"]) + 1)
+    assert not list((fresh / "checkpoints").glob("*.tmp"))  # nothing of the damaged download stays
