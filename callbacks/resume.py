@@ -68,6 +68,8 @@ class ResumeCallback(Checkpoint):
         self.schedule = SaveSchedule(save_interval, save_every_minutes)
         # a URL directory: the files are written to a local staging directory, then uploaded (callbacks.remote)
         self.remote = RemoteCheckpoints.of(ckpt_dir, out_dir, keep_last)
+        if upload_timeout < 0:
+            raise ValueError(f"--resume.upload_timeout must be >= 0 seconds, got {upload_timeout}")
         self.upload_timeout = upload_timeout
         self.files = CheckpointFiles(staging_dir("ckpt_dir", ckpt_dir), staging_dir("out_dir", out_dir), weight, keep_last)
         self.dirpath = str(self.files.ckpt_dir)

@@ -262,3 +262,21 @@ def test_a_corrupted_remote_checkpoint_is_skipped_for_the_previous_one(tmp_path:
     assert "skipping remote checkpoint" in resumed.stderr and newest["file"] in resumed.stderr
     assert_resumed(resumed, 1, int(previous["step"]) + 1)
     assert not list((fresh / "checkpoints").glob("*.tmp"))  # nothing of the damaged download stays
+
+
+def test_the_sbatch_template_takes_the_bucket_from_ckpt_url(tmp_path: Path) -> None:
+    """``CKPT_URL=s3://... sbatch scripts/slurm_pretrain.sbatch``: the remote directories reach the CLI
+    (a fake ``srun`` prints the resolved config)."""
+    from test_slurm import SLURM
+
+    root = Path(__file__).resolve().parents[1]
+    srun = tmp_path / "srun"
+    srun.write_text('#!/bin/sh\nwhile [ "${1#-}" != "$1" ]; do shift; done\nexec "$@" --print_config\n')
+    srun.chmod(0o755)
+    env = {k: v for k, v in cli_env().items() if not k.startswith("SLURM_")}
+    env.update(SLURM, SLURM_NNODES="1", SLURM_NTASKS_PER_NODE="1", SLURM_NTASKS="1", SLURM_SUBMIT_DIR=str(root),
+               PYTHON=sys.executable, PATH=f"{tmp_path}{os.pathsep}{env['PATH']}", CKPT_URL="s3://my-bucket/run1/")
+    run = subprocess.run(["bash", str(root / "scripts" / "slurm_pretrain.sbatch")], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "ckpt_dir: s3://my-bucket/run1/checkpoints" in run.stdout and "out_dir: s3://my-bucket/run1/out" in run.stdout
