@@ -1,12 +1,13 @@
 """Run every benchmark (``make bench``): port overhead, checkpoint cost, resume cost, verify speed,
-memory of a DDP save inside an accumulation window, data set-up at MiniMind's size.
+memory of a DDP save inside an accumulation window, data set-up at MiniMind's size, checkpoints on
+object storage (upload throughput, loop stall with an ``s3://`` directory).
 
 Each benchmark prints its table and writes ``<name>.json`` and ``<name>.png`` under the
 results directory (default ``benchmarks/results/``); this script also writes
 ``summary.md`` there with all tables and, after a full run into the default directory,
 refreshes the tables in ``benchmarks/README.md`` (between the ``bench-results`` markers).
 
-``python -m benchmarks.run_all [--quick] [--only overhead checkpoint resume verify ddp_save data] [--results-dir DIR] [--threads N]``
+``python -m benchmarks.run_all [--quick] [--only overhead checkpoint resume verify ddp_save data remote] [--results-dir DIR] [--threads N]``
 
 ``--quick`` runs toy sizes (seconds; what ``tests/test_benchmarks.py`` runs); its numbers
 mean nothing.
@@ -22,7 +23,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks import bench_checkpoint, bench_data, bench_ddp_save, bench_overhead, bench_resume, bench_verify
+from benchmarks import (
+    bench_checkpoint,
+    bench_data,
+    bench_ddp_save,
+    bench_overhead,
+    bench_remote,
+    bench_resume,
+    bench_verify,
+)
 from benchmarks.common import RESULTS_DIR, say, write_text
 
 BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {
@@ -32,6 +41,7 @@ BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {
     "verify": bench_verify.run,
     "ddp_save": bench_ddp_save.run,
     "data": bench_data.run,
+    "remote": bench_remote.run,
 }
 README = Path(__file__).resolve().parent / "README.md"
 START, END = "<!-- bench-results:start -->", "<!-- bench-results:end -->"
@@ -121,6 +131,12 @@ def summary(payloads: dict[str, dict[str, Any]]) -> str:
                   "`MiniMindDataModule.setup()` with an empty cache (the index built, every line validated) and with "
                   "the index cached; MiniMind's `load_dataset('json')` into a fresh and a warm Arrow cache; median "
                   f"(min–max) of {p['reps']} alternating repetitions (next start: 3).", "", p["table"], ""]
+    if "remote" in payloads:
+        p = payloads["remote"]
+        lines += [f"### 7. Checkpoints on object storage (moto's S3 server on localhost, through s3fs; {p['environment']['date']})", "",
+                  "Upload: a bare `s3fs.put_file` vs ours (upload, size + CRC-32 read back from the remote, manifest "
+                  "object); loop stall: median time in `ResumeCallback.save` per save, local directories (async save) vs "
+                  "`s3://` directories (the same local save, then the background upload).", "", p["table"], ""]
     return "\n".join(lines)
 
 

@@ -131,6 +131,17 @@ def test_data_quick(quick_run: tuple[Path, str]) -> None:
 
 
 @pytest.mark.slow  # the quick run of every benchmark: a minute on 2 cores (make test-slow)
+@pytest.mark.slow
+def test_remote_quick(quick_run: tuple[Path, str]) -> None:
+    """Checkpoints on object storage: both upload variants and both stalls measured (moto on localhost)."""
+    out, stdout = quick_run
+    data = json.loads((out / "remote.json").read_text())
+    assert data["benchmark"] == "remote" and data["quick"] is True and data["table"] in stdout
+    assert positive(data["upload"]["mb_per_s"]["bare"]) and positive(data["upload"]["mb_per_s"]["ours"])
+    assert positive(data["stall"]["stall_s"]["local"]) and positive(data["stall"]["stall_s"]["remote"])
+    assert "### 7. Checkpoints on object storage" in (out / "summary.md").read_text()
+
+
 def test_summary_quick(quick_run: tuple[Path, str]) -> None:
     out, _ = quick_run
     text = (out / "summary.md").read_text()
