@@ -146,19 +146,27 @@ def test_missing_backend_is_one_line_exit_2(tmp_path: Path) -> None:
     assert not (tmp_path / "checkpoints").exists()
 
 
-def test_endpoint_down_at_the_end_exits_5_with_one_line(tmp_path: Path) -> None:
-    """Nothing answers at the endpoint: training is unaffected (local saves go on), the end waits
-    ``--resume.upload_timeout`` and exits 5 with one line saying what the remote holds."""
+def test_endpoint_down_at_the_end_exits_5_then_the_local_checkpoint_wins_and_is_uploaded(tmp_path: Path, s3: S3) -> None:
+    """The endpoint down the whole run: training is unaffected (local saves go on), the end waits
+    ``--resume.upload_timeout`` and exits 5 with one line saying what the remote holds. Rerun on the same
+    machine with the endpoint back: the local checkpoint, newer than the remote's (none), wins and is uploaded."""
     need_shared()
-    down = S3(free_port(), "nobucket")  # nothing listens there
-    run = run_watching(tmp_path, remote_args(down, "--resume.upload_timeout", "2", epochs=1), down.env())
+    s3.stop()
+    run = run_watching(tmp_path, remote_args(s3, "--resume.upload_timeout", "2", epochs=1), s3.env())
     assert run.returncode == 5, run.stderr[-3000:]
     assert len(run.steps) == 12  # every step trained
     errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "holds no checkpoint" in errors[0] and "epoch 1 step 12" in errors[0], run.stderr
     assert "BEHIND" in run.stdout and "failed" in run.stdout
     assert (tmp_path / "checkpoints" / "pretrain_64_resume.pth").exists()  # the local staging save is complete
-    assert_no_secret(tmp_path, texts=(run.stdout, run.stderr))
+
+    s3.start()
+    again = run_watching(tmp_path, remote_args(s3, "--ckpt_path", "last", epochs=1), s3.env())
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert_resumed(again, 2, 1)  # nothing left to train: the local checkpoint (epoch 1 step 12) is the start
+    assert "holds epoch 1 step 12 (global step 6)" in again.stdout and "BEHIND" not in again.stdout
+    assert remote_position(s3) == (2, 1)
+    assert_no_secret(tmp_path, texts=(run.stdout, run.stderr, again.stdout, again.stderr))
 
 
 @pytest.mark.slow
