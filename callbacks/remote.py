@@ -89,17 +89,26 @@ class RemoteCheckpoints:
         try:
             return self.ckpt.committed(f"{stem}_e*_s*_g*.ckpt")
         except Exception as err:  # noqa: BLE001 - endpoint down, no bucket, no permission
-            raise CheckpointError(f"--ckpt_path last: cannot list {self.ckpt.url} ({type(err).__name__}: "
-                                  f"{str(err).splitlines()[0] if str(err) else ''}); nothing was started: run again "
-                                  "when the remote answers") from None
+            raise CheckpointError(f"cannot list {self.ckpt.url} ({type(err).__name__}: "
+                                  f"{str(err).splitlines()[0] if str(err) else ''})") from None
 
     def fetch_newer(self, local_dir: Path, stem: str) -> Path | None:
         """Download the newest committed remote checkpoint newer than every local one (a damaged one is
-        skipped with a warning, the next one tried); None when a local one is as new or none is on the remote."""
-        candidates = self.newest(stem)
+        skipped with a warning, the next one tried); None when a local one is as new or none is on the remote.
+        The remote unreachable: the local checkpoint is used (with a warning); with none, a one-line error
+        (never a silent fresh start over the bucket's checkpoints)."""
+        local = resolve_last(local_dir, stem, verify=False) if Path(local_dir).is_dir() else None
+        try:
+            candidates = self.newest(stem)
+        except CheckpointError as err:
+            if local is None:
+                raise CheckpointError(f"--ckpt_path last: {err} and there is no local checkpoint: nothing was "
+                                      "started; run again when the remote answers") from None
+            rank_zero_warn(f"--ckpt_path last: {err}; resuming from the local checkpoints in {local_dir}/ "
+                           "(the remote may hold a newer one)")
+            return None
         if candidates:
             self.uploader.holds = {k: candidates[0][1].get(k) for k in _LABEL}
-        local = resolve_last(local_dir, stem, verify=False) if Path(local_dir).is_dir() else None
         local_at = int(read_manifest(local).get("saved_at") or 0) if local is not None else -1
         assert self.ckpt is not None or not candidates
         for name, manifest in candidates:
@@ -120,7 +129,10 @@ class RemoteCheckpoints:
         """The run starts from a local checkpoint newer than the remote's newest: it is uploaded too."""
         if self.ckpt is None or checkpoint.suffix != ".ckpt":
             return
-        newest = self.newest(stem)
+        try:
+            newest = self.newest(stem)
+        except CheckpointError:
+            newest = []  # unreachable now: the uploader retries; an upload already committed is skipped
         if not newest or int(newest[0][1].get("saved_at") or 0) < int(read_manifest(checkpoint).get("saved_at") or 0):
             self.offer(checkpoint, export, stem, run_id)
 
@@ -155,6 +167,10 @@ def choose_with_remote(flag: str | None, remote: RemoteCheckpoints | None, ckpt_
         remote.fetch_newer(Path(ckpt_dir), stem)
         return choose_checkpoint(flag, ckpt_dir, stem, global_rank)
     local = choose_checkpoint(flag, ckpt_dir, stem, global_rank)
-    if local is None and remote.newest(stem):
+    try:
+        found = local is None and bool(remote.newest(stem))
+    except CheckpointError:
+        found = False  # rank 0 meets the same and stops (or has a local checkpoint: then the ranks disagree, and say so)
+    if found:
         return remote.ckpt.url  # rank 0 downloads it; this rank loads rank 0's file (agree_on_checkpoint)
     return local

@@ -146,6 +146,17 @@ def test_missing_backend_is_one_line_exit_2(tmp_path: Path) -> None:
     assert not (tmp_path / "checkpoints").exists()
 
 
+def test_last_with_the_endpoint_down_and_no_local_checkpoint_stops_with_one_line(tmp_path: Path) -> None:
+    """A fresh machine whose bucket cannot be listed never starts fresh over the bucket's checkpoints."""
+    need_shared()
+    down = S3(free_port(), "nobucket")  # nothing listens there
+    run = run_watching(tmp_path, remote_args(down, "--ckpt_path", "last", epochs=1), down.env())
+    assert run.returncode == 2, run.stderr[-3000:]
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "cannot list s3://nobucket/run/checkpoints" in errors[0], run.stderr
+    assert "no local checkpoint" in errors[0] and not run.steps
+
+
 def test_endpoint_down_at_the_end_exits_5_then_the_local_checkpoint_wins_and_is_uploaded(tmp_path: Path, s3: S3) -> None:
     """The endpoint down the whole run: training is unaffected (local saves go on), the end waits
     ``--resume.upload_timeout`` and exits 5 with one line saying what the remote holds. Rerun on the same
