@@ -1,7 +1,7 @@
 """Checkpoints on object storage: upload throughput and the training loop's stall with a remote directory.
 
-An S3-compatible server (moto's threaded server, in this process, on localhost) stands in for the
-bucket; everything goes through ``s3fs`` and HTTP as with a real one (its absolute speed is
+An S3-compatible server (moto's threaded server on localhost, in its own process at nice 15) stands
+in for the bucket; everything goes through ``s3fs`` and HTTP as with a real one (its absolute speed is
 localhost's and moto's, not a cloud's: the ratios are the point).
 
 * **Upload throughput** of one checkpoint-sized file (an ``atomic_save`` of random tensors):
@@ -11,7 +11,9 @@ localhost's and moto's, not a cloud's: the ratios are the point).
 * **Loop stall of a save**: the real CLI (``python -m benchmarks._save_probe``: ``ResumeCallback.save``
   timed) trains with a save every 2 batches, once with local directories (the default async save) and
   once with ``s3://`` directories (the same local save, then the background upload); median stall per
-  save and remote ÷ local (target <= 1.2).
+  save and remote ÷ local (target <= 1.2). The upload process stands still while the loop takes a
+  save's snapshot (:meth:`lit_minimind.resume.upload.Uploader.paused`); the server on the same machine
+  still competes for CPU and memory bandwidth, which a bucket elsewhere would not.
 
 ``python -m benchmarks.bench_remote [--quick] [--reps N]``
 """
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -45,37 +46,44 @@ from benchmarks.common import (
 )
 
 TARGET_STALL_RATIO = 1.2
+SAVE_EVERY = 2  # batches between saves
 KEY_ID, SECRET = "AKIABENCHREMOTE", "bench-remote-secret"
 
 
+SERVER = """
+import logging, sys
+import boto3
+from moto.server import ThreadedMotoServer
+logging.getLogger("werkzeug").setLevel(logging.ERROR)
+server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+server.start()
+port = server.get_host_and_port()[1]
+boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1", aws_access_key_id=sys.argv[1],
+             aws_secret_access_key=sys.argv[2]).create_bucket(Bucket=sys.argv[3])
+print(port, flush=True)
+sys.stdin.read()  # until the benchmark closes it
+"""
+
+
 class Server:
-    """moto's S3 server on a free localhost port, with one bucket."""
+    """moto's S3 server with one bucket, in its own process at low priority: the bucket stands for
+    another machine, so it should take as little as it can from the training it is compared with."""
 
     def __init__(self) -> None:
-        import logging
-
-        from moto.server import ThreadedMotoServer
-
-        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
-        self.server.start()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
         self.bucket = f"bench-{uuid.uuid4().hex[:8]}"
-        import boto3
-
-        boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1", aws_access_key_id=KEY_ID,
-                     aws_secret_access_key=SECRET).create_bucket(Bucket=self.bucket)
+        self.proc = subprocess.Popen(["nice", "-n", "15", sys.executable, "-c", SERVER, KEY_ID, SECRET, self.bucket],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        self.port = int(self.proc.stdout.readline())
+        self.endpoint = f"http://127.0.0.1:{self.port}"
 
     def env(self) -> dict[str, str]:
         return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": KEY_ID, "AWS_SECRET_ACCESS_KEY": SECRET,
                 "AWS_DEFAULT_REGION": "us-east-1"}
 
     def stop(self) -> None:
-        self.server.stop()
+        self.proc.kill()
+        self.proc.wait()
 
 
 def upload_throughput(server: Server, megabytes: int, reps: int, workdir: Path) -> dict[str, Any]:
@@ -115,7 +123,7 @@ def loop_stall(server: Server, hidden: int, layers: int, batches: int, reps: int
             "--model.num_hidden_layers", str(layers), "--data.max_seq_len", "64", "--data.batch_size", "2",
             "--trainer.max_steps", str(batches), "--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false",
             "--trainer.enable_model_summary", "false", "--trainer.logger", "false", "--log_interval", "1000",
-            "--resume.save_interval", "2"]
+            "--resume.save_interval", str(SAVE_EVERY)]
     env = {**os.environ, **server.env(), "PYTHONPATH": str(ROOT), "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
     stalls: dict[str, list[float]] = {"local": [], "remote": []}
     for rep in range(reps):
@@ -148,7 +156,7 @@ def run(quick: bool = False, results_dir: Path = RESULTS_DIR, reps: int | None =
     workdir = Path(tempfile.mkdtemp(dir=cache_dir(), prefix="bench-remote-"))
     try:
         upload = upload_throughput(server, megabytes, reps, workdir)
-        stall = loop_stall(server, hidden, layers, batches, max(1, reps // 2) if not quick else 1, workdir)
+        stall = loop_stall(server, hidden, layers, batches, reps if not quick else 1, workdir)
     finally:
         server.stop()
         shutil.rmtree(workdir, ignore_errors=True)

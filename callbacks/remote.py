@@ -11,6 +11,9 @@ when no local one is newer.
 
 from __future__ import annotations
 
+import os
+import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +24,7 @@ from lit_minimind.checkpoint.atomic import read_manifest
 from lit_minimind.checkpoint.names import minimind_file_names
 from lit_minimind.checkpoint.remote import RemoteDir, is_url
 from lit_minimind.errors import CheckpointError
-from lit_minimind.resume.upload import Upload, Uploader, describe
+from lit_minimind.resume.upload import UPLOAD_DIR, Uploader, describe, link_for_upload
 
 REMOTE_BEHIND_EXIT = 5  # training ended, but the remote does not hold the newest checkpoint
 STAGING = {"ckpt_dir": "checkpoints", "out_dir": "out"}  # local staging directories of remote ones
@@ -40,6 +43,7 @@ class RemoteCheckpoints:
         self.ckpt = RemoteDir(ckpt_url, "--resume.ckpt_dir") if ckpt_url else None
         self.out = RemoteDir(out_url, "--resume.out_dir") if out_url else None
         self.keep_last = keep_last
+        self._offered = False
         self.uploader = Uploader((self.ckpt or self.out).url)  # type: ignore[union-attr]
 
     @classmethod
@@ -49,37 +53,28 @@ class RemoteCheckpoints:
 
     # ------------------------------------------------------------------ after a save
     def offer(self, checkpoint: Path, export: Path, stem: str, run_id: str) -> None:
-        """Queue the upload of a save committed locally (called on the writer thread, after its files).
-        The files are opened now: a later save or the local retention cannot change what is uploaded."""
+        """Queue the upload of a save committed locally (called on the writer thread, after its files):
+        hard links to its files are made now, so a later save or the local retention cannot change them."""
+        if not self._offered:  # links a killed run left behind
+            for directory in {checkpoint.parent, export.parent}:
+                shutil.rmtree(directory / UPLOAD_DIR, ignore_errors=True)
+            self._offered = True
         manifest = read_manifest(checkpoint)
-        label = {k: manifest.get(k) for k in _LABEL}
-        opened: list[Any] = []
-        steps = []
+        tag = f"{os.getpid()}-{time.monotonic_ns()}"
+        steps: list[list[Any]] = []
+        links: list[str] = []
         if self.ckpt is not None:
-            ckpt, resume = self.ckpt, minimind_file_names(stem)[1]
-            data = open(checkpoint, "rb")
-            opened.append(data)
-            steps.append(lambda: ckpt.upload(data, checkpoint.name, manifest))
-            steps.append(lambda: ckpt.copy(checkpoint.name, resume, manifest))
+            link = str(link_for_upload(checkpoint, tag))
+            links.append(link)
+            steps.append(["upload", self.ckpt.url, link, checkpoint.name, manifest])
+            steps.append(["copy", self.ckpt.url, checkpoint.name, minimind_file_names(stem)[1], manifest])
         if self.out is not None and export.exists():
-            out, export_manifest = self.out, read_manifest(export)
-            weights = open(export, "rb")
-            opened.append(weights)
-            steps.append(lambda: out.upload(weights, export.name, export_manifest))
+            link = str(link_for_upload(export, tag))
+            links.append(link)
+            steps.append(["upload", self.out.url, link, export.name, read_manifest(export)])
         if self.ckpt is not None:
-            steps.append(lambda: self.prune(stem, run_id))
-
-        def close() -> None:
-            for f in opened:
-                f.close()
-        self.uploader.offer(Upload(label, steps, close))
-
-    def prune(self, stem: str, run_id: str) -> None:
-        """The remote's rolling window: this run's newest ``keep_last`` checkpoints stay (manifest deleted first)."""
-        assert self.ckpt is not None
-        ours = [name for name, m in self.ckpt.committed(f"{stem}_e*_s*_g*.ckpt") if m.get("run_id") == run_id]
-        for name in ours[self.keep_last:]:
-            self.ckpt.remove(name)
+            steps.append(["prune", self.ckpt.url, f"{stem}_e*_s*_g*.ckpt", run_id, self.keep_last])
+        self.uploader.offer({k: manifest.get(k) for k in _LABEL}, steps, links)
 
     # ------------------------------------------------------------------ at start
     def newest(self, stem: str) -> list[tuple[str, dict[str, Any]]]:
@@ -145,7 +140,7 @@ class RemoteCheckpoints:
         return self.uploader.finish(timeout)
 
     def summary(self) -> str:
-        held, latest = self.uploader.holds, self.uploader.latest
+        held, latest = self.uploader.summary_label("holds"), self.uploader.summary_label("latest")
         behind = "" if latest is None or held == latest else f" - BEHIND: the newest save is {describe(latest)}"
         return f"remote checkpoints: {self.uploader.where} holds {describe(held)}{behind}"
 

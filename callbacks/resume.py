@@ -9,6 +9,7 @@ DataModule's ``state_dict``, loop counters, optimizer, scaler, this callback's `
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from pathlib import Path
@@ -328,7 +329,8 @@ class ResumeCallback(Checkpoint):
                          f"then {self.files.resume(stem)} and {self.files.export(stem)}); the files of earlier saves "
                          "are unchanged and --ckpt_path last picks the newest complete checkpoint")
         self._saving_to = path
-        trainer.save_checkpoint(path, weights_only=False)
+        with self.remote.uploader.paused() if self.remote is not None else contextlib.nullcontext():  # the snapshot first
+            trainer.save_checkpoint(path, weights_only=False)
         io, export = trainer.strategy.checkpoint_io, self._export
         self._export = None
         self.save_seconds = (time.monotonic() - started, None)  # (the loop's wait, until every file is written)

@@ -168,7 +168,7 @@ def test_endpoint_down_at_the_end_exits_5_then_the_local_checkpoint_wins_and_is_
     assert len(run.steps) == 12  # every step trained
     errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "holds no checkpoint" in errors[0] and "epoch 1 step 12" in errors[0], run.stderr
-    assert "BEHIND" in run.stdout and "failed" in run.stdout
+    assert "BEHIND" in run.stdout
     assert (tmp_path / "checkpoints" / "pretrain_64_resume.pth").exists()  # the local staging save is complete
 
     s3.start()

@@ -149,3 +149,10 @@ class RemoteDir:
                 self.fs.rm_file(path)
             except FileNotFoundError:
                 pass
+
+    def prune(self, pattern: str, run_id: str, keep_last: int) -> None:
+        """Retention: of the committed files matching ``pattern`` written by run ``run_id``, the newest
+        ``keep_last`` stay (another run's files are never touched)."""
+        ours = [name for name, m in self.committed(pattern) if m.get("run_id") == run_id]
+        for name in ours[keep_last:]:
+            self.remove(name)
