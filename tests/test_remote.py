@@ -258,6 +258,7 @@ def test_server_stopped_mid_run_loses_no_training_and_the_remote_catches_up(tmp_
     assert_same_tensors(remote, local)
 
 
+@pytest.mark.slow
 def test_a_corrupted_remote_checkpoint_is_skipped_for_the_previous_one(tmp_path: Path, s3: S3) -> None:
     need_shared()
     first = tmp_path / "first"
