@@ -89,19 +89,24 @@ class Uploader:
                     self._done = event["done"]
                 self._cond.notify_all()
         with self._cond:
-            self._proc_gone = True
+            if proc is self._proc:
+                self._proc_gone = True
             self._cond.notify_all()
 
     def offer(self, label: dict[str, Any], steps: list[list[Any]], links: list[str]) -> None:
         """Queue a save's upload (``steps``, reading ``links``, removed once done or replaced)."""
         with self._cond:
-            if self._proc is None:
+            if self._proc is None or self._proc.poll() is not None:  # first save, or the process died: (re)start it
+                self._proc_gone = False
                 self._proc = self._start()
             self._count += 1
             self.latest = {**label, "job": self._count}
             assert self._proc.stdin is not None
-            self._proc.stdin.write(json.dumps({"label": self.latest, "steps": steps, "links": links}) + "\n")
-            self._proc.stdin.flush()
+            try:
+                self._proc.stdin.write(json.dumps({"label": self.latest, "steps": steps, "links": links}) + "\n")
+                self._proc.stdin.flush()
+            except (OSError, ValueError) as err:  # never a reason to stop training: the next save restarts it
+                print(f"remote: the upload process is gone ({err}); the next save starts a new one", flush=True)
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
