@@ -212,6 +212,8 @@ def run_fit(args: list[str] | None) -> int:
         ckpt_path = choose_with_remote(cli.config.get("ckpt_path"), resume.remote, resume.ckpt_dir, stem,
                                        cli.trainer.global_rank)  # a remote ckpt_dir: rank 0 downloads a newer one
         resume.resume_from(ckpt_path)  # under DDP every rank then loads global rank 0's choice
+        if resume.remote is not None and cli.trainer.is_global_zero:
+            resume.remote.uploader.start()  # the upload process starts up while the trainer does
         if ckpt_path and cli.trainer.is_global_zero:  # verified and read once; what the start needs comes from this read
             start_ckpt = read_start_checkpoint(ckpt_path)
             continue_wandb_run(cli.trainer, saved_wandb_id(start_ckpt))  # before Lightning starts the wandb run

@@ -61,9 +61,16 @@ class Uploader:
         self.latest: dict[str, Any] | None = None  # the newest save offered
         self._done: dict[str, Any] | None = None  # the newest job the child finished (every step)
         self._count = 0
-        self._cond = threading.Condition()
+        self._cond = threading.Condition(threading.RLock())  # start() inside offer()
         self._proc: subprocess.Popen | None = None
         self._proc_gone = False
+
+    def start(self) -> None:
+        """Start the upload process (if not running): early, so its start-up overlaps the trainer's."""
+        with self._cond:
+            if self._proc is None or self._proc.poll() is not None:
+                self._proc_gone = False
+                self._proc = self._start()
 
     def _start(self) -> subprocess.Popen:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]),
@@ -96,9 +103,7 @@ class Uploader:
     def offer(self, label: dict[str, Any], steps: list[list[Any]], links: list[str]) -> None:
         """Queue a save's upload (``steps``, reading ``links``, removed once done or replaced)."""
         with self._cond:
-            if self._proc is None or self._proc.poll() is not None:  # first save, or the process died: (re)start it
-                self._proc_gone = False
-                self._proc = self._start()
+            self.start()  # (first save, or the process died)
             self._count += 1
             self.latest = {**label, "job": self._count}
             assert self._proc.stdin is not None
