@@ -121,6 +121,20 @@ def remote_position(s3: S3, iters: int = 12) -> tuple[int, int] | None:
     return (epoch + 2, 1) if step >= iters else (epoch + 1, step + 1)
 
 
+def assert_shards_committed(s3: S3) -> int:
+    """Every committed remote checkpoint's partial-gradient shards (a save inside an accumulation window)
+    are committed beside it, with the size and CRC-32 it lists; returns how many checkpoints have shards."""
+    fs = s3.fs()
+    with_shards = 0
+    for path in fs.glob(f"{s3.bucket}/run/checkpoints/*.ckpt.manifest.json"):
+        for entry in json.loads(fs.cat_file(path)).get("shards") or []:
+            shard = json.loads(fs.cat_file(f"{s3.bucket}/run/checkpoints/{entry['file']}.manifest.json"))
+            assert (shard["size"], shard["crc32"]) == (entry["size"], entry["crc32"])
+            assert fs.info(f"{s3.bucket}/run/checkpoints/{entry['file']}")["size"] == entry["size"]
+            with_shards += 1
+    return with_shards
+
+
 def assert_no_secret(*roots: Path, texts: tuple[str, ...] = ()) -> None:
     for text in texts:
         assert SECRET not in text
@@ -193,7 +207,7 @@ def test_killed_runs_resumed_on_fresh_machines_from_the_bucket_are_bit_identical
     assert ref.returncode == 0, ref.stderr[-3000:]
 
     rng = random.Random("remote-kills")
-    runs, dirs = [], []
+    runs, dirs, mid_window = [], [], 0
     for i in range(3):
         run_dir = tmp_path / f"machine{i}"
         run_dir.mkdir()
@@ -206,6 +220,7 @@ def test_killed_runs_resumed_on_fresh_machines_from_the_bucket_are_bit_identical
         if want is not None:
             assert_resumed(run, *want)
             assert "CRC-32 checked" in run.stdout
+        mid_window += assert_shards_committed(s3)
         if run.returncode == 0:
             break
         assert run.returncode == -9, run.stderr[-3000:]
@@ -265,11 +280,16 @@ def test_a_corrupted_remote_checkpoint_is_skipped_for_the_previous_one(tmp_path:
     first.mkdir()
     run = run_watching(first, remote_args(s3, epochs=1), s3.env())
     assert run.returncode == 0, run.stderr[-3000:]
+    # two more optimizer steps (4 batches of epoch 2): the end of a run is always uploaded, so the remote
+    # holds at least the epoch 1 end and this one, whichever intermediate saves a newer one replaced
+    more = run_watching(first, remote_args(s3, "--ckpt_path", "last", "--trainer.max_steps", "8"), s3.env())
+    assert more.returncode == 0, more.stderr[-3000:]
     fs = s3.fs()
     committed = sorted((json.loads(fs.cat_file(p)) for p in fs.glob(f"{s3.bucket}/run/checkpoints/*.ckpt.manifest.json")),
                        key=lambda m: m["saved_at"], reverse=True)
     assert len(committed) == 2, committed  # keep_last 2 on the remote too
     newest, previous = committed
+    assert newest["global_step"] > 6 > previous["global_step"] - 1  # run 2's end; before it: epoch 1's
     path = f"{s3.bucket}/run/checkpoints/{newest['file']}"
     data = bytearray(fs.cat_file(path))
     data[len(data) // 2] ^= 0xFF  # same size, one byte changed after the commit
@@ -277,10 +297,11 @@ def test_a_corrupted_remote_checkpoint_is_skipped_for_the_previous_one(tmp_path:
 
     fresh = tmp_path / "fresh"
     fresh.mkdir()
-    resumed = run_watching(fresh, remote_args(s3, "--ckpt_path", "last", epochs=1), s3.env())
+    resumed = run_watching(fresh, remote_args(s3, "--ckpt_path", "last"), s3.env())
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "skipping remote checkpoint" in resumed.stderr and newest["file"] in resumed.stderr
-    assert_resumed(resumed, 1, int(previous["step"]) + 1)
+    epoch, step = int(previous["epoch"]), int(previous["step"])
+    assert_resumed(resumed, *((epoch + 2, 1) if step >= 12 else (epoch + 1, step + 1)))
     assert not list((fresh / "checkpoints").glob("*.tmp"))  # nothing of the damaged download stays
 
 

@@ -100,15 +100,17 @@ class Uploader:
                 self._proc_gone = True
             self._cond.notify_all()
 
-    def offer(self, label: dict[str, Any], steps: list[list[Any]], links: list[str]) -> None:
-        """Queue a save's upload (``steps``, reading ``links``, removed once done or replaced)."""
+    def offer(self, label: dict[str, Any], steps: list[list[Any]], links: list[str], commit: int = 0) -> None:
+        """Queue a save's upload (``steps``, reading ``links``, removed once done or replaced); step
+        ``commit`` is the commit record (the checkpoint's manifest object)."""
         with self._cond:
             self.start()  # (first save, or the process died)
             self._count += 1
             self.latest = {**label, "job": self._count}
             assert self._proc.stdin is not None
             try:
-                self._proc.stdin.write(json.dumps({"label": self.latest, "steps": steps, "links": links}) + "\n")
+                self._proc.stdin.write(json.dumps({"label": self.latest, "steps": steps, "links": links,
+                                                    "commit": commit}) + "\n")
                 self._proc.stdin.flush()
             except (OSError, ValueError) as err:  # never a reason to stop training: the next save restarts it
                 print(f"remote: the upload process is gone ({err}); the next save starts a new one", flush=True)
@@ -212,10 +214,10 @@ class _Worker:
                 job, self.pending = self.pending, None
             label, where = job["label"], job["steps"][0][1] if job["steps"] else ""
             try:
-                run_step(job["steps"][0])
-                self.emit(committed=label)
-                for step in job["steps"][1:]:
+                for i, step in enumerate(job["steps"]):
                     run_step(step)
+                    if i == job.get("commit", 0):
+                        self.emit(committed=label)
             except Exception as err:  # noqa: BLE001 - any failure of the remote: retried, training goes on
                 failures += 1
                 if failures == 1:
