@@ -65,6 +65,8 @@ class RemoteDir:
         except ValueError as err:
             raise UsageError(f"{flag} {url}: {str(err).splitlines()[0]}") from None
         self.root = self.root.rstrip("/")
+        protocols = self.fs.protocol if isinstance(self.fs.protocol, (tuple, list)) else (self.fs.protocol,)
+        self._has_directories = "file" in protocols or "local" in protocols  # object stores have none to make
 
     def path(self, name: str) -> str:
         return f"{self.root}/{name}"
@@ -136,6 +138,8 @@ class RemoteDir:
         if self.holds(name, manifest):
             return
         source.seek(0)
+        if self._has_directories:
+            self.fs.makedirs(self.root, exist_ok=True)
         with self.fs.open(self.path(name), "wb", block_size=max(CHUNK, 5 << 20)) as out:
             shutil.copyfileobj(source, out, CHUNK)
         self._verify(name, manifest)
