@@ -131,7 +131,6 @@ def test_data_quick(quick_run: tuple[Path, str]) -> None:
 
 
 @pytest.mark.slow  # the quick run of every benchmark: a minute on 2 cores (make test-slow)
-@pytest.mark.slow
 def test_remote_quick(quick_run: tuple[Path, str]) -> None:
     """Checkpoints on object storage: both upload variants and both stalls measured (moto on localhost)."""
     out, stdout = quick_run
@@ -142,6 +141,7 @@ def test_remote_quick(quick_run: tuple[Path, str]) -> None:
     assert "### 7. Checkpoints on object storage" in (out / "summary.md").read_text()
 
 
+@pytest.mark.slow  # the quick run of every benchmark: a minute on 2 cores (make test-slow)
 def test_summary_quick(quick_run: tuple[Path, str]) -> None:
     out, _ = quick_run
     text = (out / "summary.md").read_text()

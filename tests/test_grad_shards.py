@@ -9,6 +9,7 @@ import shutil
 import zlib
 from pathlib import Path
 
+import pytest
 import torch
 from conftest import assert_resumed, cli_env, need_shared, run_cli, tiny_args
 
@@ -43,6 +44,7 @@ def copy_until(ckpts: Path, dest: Path, newest: Path) -> None:
                     shutil.copy2(f, dest / "checkpoints")
 
 
+@pytest.mark.slow  # four 2-process runs: half a minute
 def test_mid_window_ddp_save_writes_one_shard_per_rank_and_resumes_from_it(tmp_path: Path) -> None:
     need_shared()
     ref_dir = tmp_path / "ref"

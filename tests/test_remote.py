@@ -274,6 +274,37 @@ def test_server_stopped_mid_run_loses_no_training_and_the_remote_catches_up(tmp_
 
 
 @pytest.mark.slow
+def test_ddp_run_killed_then_resumed_on_a_fresh_machine_from_the_bucket_is_bit_identical(tmp_path: Path, s3: S3) -> None:
+    """2 processes (the spot recipe's torchrun shape): global rank 0 uploads; SIGKILLed (the whole group)
+    after the first committed upload, resumed on 2 processes in an empty directory from the bucket: each
+    rank loads rank 0's download and the run ends with the uninterrupted 2-process run's weights."""
+    need_shared()
+    ddp = tiny_args(epochs=1, accumulate=2, save_interval=3, devices=2)
+    ref_dir, first, fresh = tmp_path / "ref", tmp_path / "first", tmp_path / "fresh"
+    for d in (ref_dir, first, fresh):
+        d.mkdir()
+    ref = run_watching(ref_dir, ddp, cli_env())
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    remote = [*ddp, "--resume.ckpt_dir", s3.url("run", "checkpoints"), "--resume.out_dir", s3.url("run", "out"),
+              "--ckpt_path", "last"]
+    killed = run_watching(first, remote, s3.env(), lambda line, n: n >= 1)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    want = remote_position(s3, iters=6)
+    assert want is not None
+    assert assert_shards_committed(s3) >= 1, "step 3 is inside a window: its two shards are on the remote"
+    resumed = run_watching(fresh, remote, s3.env())
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_resumed(resumed, *want)
+    assert "CRC-32 checked" in resumed.stdout
+    assert_steps_match([killed, resumed], ref)
+    ref_weights, ref_resume = final_state(ref_dir, False)
+    weights, resume = final_state(fresh, False)
+    assert_same_tensors(weights, ref_weights)
+    assert_same_tensors(resume["state_dict"], ref_resume["state_dict"])
+    assert "holds epoch 1 step 6" in resumed.stdout
+
+
+@pytest.mark.slow
 def test_a_corrupted_remote_checkpoint_is_skipped_for_the_previous_one(tmp_path: Path, s3: S3) -> None:
     need_shared()
     first = tmp_path / "first"
