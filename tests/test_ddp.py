@@ -13,6 +13,7 @@ def load_out(run_dir: Path) -> dict:
     return torch.load(run_dir / "out" / "pretrain_64.pth", weights_only=True)
 
 
+@pytest.mark.slow  # five 2-process runs: under a minute (make test-slow)
 def test_ddp_killed_and_resumed_on_two_and_on_one(tmp_path: Path) -> None:
     need_shared()
     ddp = tiny_args(epochs=2, accumulate=2, save_interval=5, devices=2)

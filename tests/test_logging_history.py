@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import lightning as L
+import pytest
 from conftest import assert_resumed, cli_env, expected_resume, need_shared, resumed_at, run_cli, tiny_args
 from lightning.pytorch.loggers import CSVLogger
 from wandb_files import run_summary
@@ -76,6 +77,7 @@ def wandb_means(run_dir: Path) -> dict[float, float]:
     return {row["epoch"]: row["mean_loss"] for run in runs for row in run["history"] if "mean_loss" in row}
 
 
+@pytest.mark.slow  # six runs with wandb: under a minute (make test-slow)
 def test_seeded_sigkills_lose_no_logged_row_wandb_and_csv(tmp_path: Path) -> None:
     need_shared()
     (tmp_path / "loggers.yaml").write_text(BOTH_LOGGERS)

@@ -175,6 +175,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     return ref_dir, ref.steps
 
 
+@pytest.mark.slow  # four 2-node runs: under a minute (make test-slow)
 def test_two_nodes_equal_one_node_and_resume_exactly_after_both_die(tmp_path: Path, reference: tuple[Path, dict]) -> None:
     ref_dir, ref_steps = reference
 

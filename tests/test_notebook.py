@@ -48,6 +48,7 @@ def _stream_text(cell) -> str:
     return "".join(out.get("text", "") for out in cell.get("outputs", []) if out.get("output_type") == "stream")
 
 
+@pytest.mark.slow  # the whole notebook: over a minute (make test-slow)
 def test_walkthrough_runs_top_to_bottom(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("ipykernel")
     pytest.importorskip("matplotlib")

@@ -51,6 +51,7 @@ def test_trailing_partial_window_is_flushed_like_minimind(tmp_path: Path) -> Non
     assert (resume["epoch"], resume["step"]) == (1, 10)
 
 
+@pytest.mark.slow  # the default CLI run: 1.5 min on 2 cores (make test-slow)
 def test_default_cli_trains_embedded_corpus_and_loss_falls(tmp_path: Path) -> None:
     run = run_cli(tmp_path, [])
     assert run.returncode == 0, run.stderr[-3000:]
