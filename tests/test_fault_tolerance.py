@@ -59,6 +59,7 @@ def run_kill_trials(tmp_path: Path, trials: list[tuple[str, int]]) -> None:
     assert resumed, "no trial resumed: nothing was tested"
 
 
+@pytest.mark.slow  # half a minute (make test-slow; keeps make test under its budget)
 def test_seeded_kill_trials_each_end_bit_identical(tmp_path: Path) -> None:
     """The first 2 of the 10 seeded trials (one at a console line, one inside a file write)."""
     run_kill_trials(tmp_path, seeded_trials()[:2])

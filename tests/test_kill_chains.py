@@ -61,6 +61,7 @@ def chain(run_dir: Path, args: list[str], stops: list[tuple[str, int | str]], it
     return runs + [final]
 
 
+@pytest.mark.slow  # half a minute (make test-slow; keeps make test under its budget)
 def test_resumes_at_epoch_boundaries_move_forward(tmp_path: Path) -> None:
     """Saves only at epoch ends; each process is killed right after its first checkpoint commit."""
     need_shared()

@@ -228,6 +228,7 @@ def test_two_nodes_equal_one_node_and_resume_exactly_after_both_die(tmp_path: Pa
     assert_same_weights(from_ref, one_dir)
 
 
+@pytest.mark.slow  # half a minute (make test-slow; keeps make test under its budget)
 def test_a_dead_node_stops_the_survivor_at_once_and_the_resume_is_exact(tmp_path: Path,
                                                                         reference: tuple[Path, dict]) -> None:
     """Node 1's worker SIGKILLed mid-training: gloo sees the closed connection; node 0 exits 3 at once."""
@@ -251,6 +252,7 @@ def test_a_dead_node_stops_the_survivor_at_once_and_the_resume_is_exact(tmp_path
     assert_same_weights(ref_dir, tmp_path)
 
 
+@pytest.mark.slow  # half a minute (make test-slow; keeps make test under its budget)
 def test_a_hung_node_stops_the_survivor_after_the_timeout(tmp_path: Path, reference: tuple[Path, dict]) -> None:
     """Node 1's worker SIGSTOPped (a hung machine, a network partition: no connection error): node 0
     exits 3 once the process group's timeout (10 s here) expires, instead of waiting forever."""

@@ -110,7 +110,7 @@ def test_kill_anywhere_resume_is_bit_identical(tmp_path: Path, name: str) -> Non
         assert ref_resume["scaler"]["_growth_tracker"] == resume["scaler"]["_growth_tracker"]
 
 
-@pytest.mark.parametrize("write", [16, 17, 18])  # the last save's fp16 export, resume file, Lightning ckpt
+@pytest.mark.parametrize("write", [16, pytest.param(17, marks=pytest.mark.slow), pytest.param(18, marks=pytest.mark.slow)])  # the last save's fp16 export, resume file, Lightning ckpt
 def test_kill_inside_the_final_save_still_ends_with_final_files(tmp_path: Path, write: int) -> None:
     need_shared()
     args = tiny_args(epochs=2, accumulate=2, save_interval=5)  # saves at 5, 10, 12 per epoch: 6 x 3 writes
