@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml setup.cfg
 	$(PY) -m pip install -q --upgrade pip
 	# torch pinned first: the CPU wheel on this machine; an unpinned torch pulls a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[dev,test-s3]"
 	touch $(STAMP)
 
 install: $(STAMP)
