@@ -22,7 +22,7 @@ def install() -> None:
     import lit_minimind.data.dataset as dataset
     import lit_minimind.data.sampler as sampler
     import lit_minimind.resume.io as lightning_io
-    from callbacks.console import MiniMindConsole
+    from lit_minimind.callbacks.console import MiniMindConsole
 
     def timed(module: object, name: str, event: str) -> None:
         original = getattr(module, name)

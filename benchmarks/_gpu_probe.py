@@ -27,8 +27,8 @@ from typing import Any
 def install() -> None:
     import torch
 
-    from callbacks.console import MiniMindConsole
-    from callbacks.resume import ResumeCallback
+    from lit_minimind.callbacks.console import MiniMindConsole
+    from lit_minimind.callbacks.resume import ResumeCallback
 
     warmup = int(os.environ.get("BENCH_GPU_WARMUP", "1"))
     state: dict[str, Any] = {"batches": 0, "window_start": None, "window_end": None, "saves": [], "tokens_per_batch": 0}

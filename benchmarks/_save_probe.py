@@ -11,7 +11,7 @@ import time
 
 if __name__ == "__main__":
     import lit_minimind.cli.fit as fit
-    from callbacks.resume import ResumeCallback
+    from lit_minimind.callbacks.resume import ResumeCallback
 
     save = ResumeCallback.save
 

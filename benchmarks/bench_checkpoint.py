@@ -147,13 +147,13 @@ def peak_extra_rss(fn: Callable[[], Any]) -> tuple[int, str]:
 
 def async_supported() -> bool:
     """Whether ``ResumeCallback`` takes ``async_save`` (then both modes are measured)."""
-    from callbacks import ResumeCallback
+    from lit_minimind.callbacks import ResumeCallback
 
     return "async_save" in inspect.signature(ResumeCallback.__init__).parameters
 
 
 def make_callback(mode: str, workdir: Path):
-    from callbacks import ResumeCallback
+    from lit_minimind.callbacks import ResumeCallback
 
     kwargs: dict[str, Any] = {"async_save": mode == "async"} if async_supported() else {}
     return ResumeCallback(save_interval=10**9, out_dir=str(workdir / "out"), ckpt_dir=str(workdir / "checkpoints"),

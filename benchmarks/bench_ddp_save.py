@@ -105,7 +105,7 @@ def save_worker(out: Path, world: int, hidden: int, layers: int) -> None:
     """Trains into a window and saves there; each rank writes ``save{r}.json``."""
     import lightning as L
 
-    from callbacks import ResumeCallback
+    from lit_minimind.callbacks import ResumeCallback
     from lit_minimind.checkpoint.weights import fp16_weights
 
     class Probe(L.Callback):
@@ -134,7 +134,7 @@ def save_worker(out: Path, world: int, hidden: int, layers: int) -> None:
 
 def resume_worker(out: Path, world: int, hidden: int, layers: int) -> None:
     """Resumes from the measured checkpoint (micro-batch 5); each rank writes ``resume{r}.json``."""
-    from callbacks import ResumeCallback
+    from lit_minimind.callbacks import ResumeCallback
 
     class Measured(ResumeCallback):
         def on_train_start(self, trainer, pl_module) -> None:  # noqa: ANN001

@@ -203,7 +203,7 @@ def plain_run(cfg: Config, data: Path, tok: Path, timers: Timers | None = None, 
     import torch
     from torch.utils.data import DataLoader
 
-    from callbacks.console import format_minimind_line
+    from lit_minimind.callbacks.console import format_minimind_line
     from lit_minimind.data.dataset import PretrainDataset
     from lit_minimind.data.sampler import SkipBatchSampler, epoch_permutation
     from lit_minimind.data.tokenizer import load_tokenizer
@@ -270,7 +270,7 @@ def lightning_run(cfg: Config, data: Path, tok: Path, workdir: Path, timers: Tim
     import lightning as L
     from lightning.pytorch.callbacks import Callback
 
-    from callbacks import MiniMindConsole, ResumeCallback
+    from lit_minimind.callbacks import MiniMindConsole, ResumeCallback
     from lit_minimind.data.datamodule import MiniMindDataModule
     from lit_minimind.model.module import LitMiniMind
 

@@ -76,7 +76,7 @@ def lightning_side(stamps: Stamps, cfg: Any, data: Path, tok: Path) -> None:
     import lightning as L
     from lightning.pytorch.callbacks import Callback
 
-    from callbacks import MiniMindConsole, ResumeCallback
+    from lit_minimind.callbacks import MiniMindConsole, ResumeCallback
     from lit_minimind.data.datamodule import MiniMindDataModule
     from lit_minimind.model.module import LitMiniMind
 

@@ -2,7 +2,7 @@
 
 Packages by concern (lower ones never import higher ones; ``tests/test_layers.py`` checks it):
 ``errors`` -> ``checkpoint`` (the file format) -> ``resume`` (the seam with Lightning) ->
-``data``, ``model`` -> ``callbacks`` (top level) -> ``cli``.
+``data``, ``model`` -> ``callbacks`` (the repository's ``callbacks/`` links here) -> ``cli``.
 """
 
 from lit_minimind.checkpoint.names import checkpoint_paths

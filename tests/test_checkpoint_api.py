@@ -209,7 +209,7 @@ def test_resume_from_other_library_versions_warns() -> None:
     with the same versions: none."""
     import warnings
 
-    from callbacks.resume import ResumeCallback
+    from lit_minimind.callbacks.resume import ResumeCallback
     from lit_minimind.resume.library import library_versions
 
     here = library_versions()

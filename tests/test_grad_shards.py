@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import assert_resumed, cli_env, need_shared, run_cli, tiny_args
 
-from callbacks.files import CheckpointFiles
+from lit_minimind.callbacks.files import CheckpointFiles
 from lit_minimind.checkpoint.atomic import read_manifest
 from lit_minimind.checkpoint.names import manifest_path
 from lit_minimind.cli.inspect import summarize

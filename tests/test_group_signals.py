@@ -16,7 +16,7 @@ import pytest
 import torch
 from conftest import LINE_RE, Run, cli_env, need_shared, run_cli, tiny_args
 
-from callbacks.files import resolve_last
+from lit_minimind.callbacks.files import resolve_last
 from lit_minimind.checkpoint.read import verify_checkpoint
 
 WORKERS = ["--data.num_workers", "2"]

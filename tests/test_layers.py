@@ -15,7 +15,7 @@ LAYERS = [
     ("lit_minimind.resume",),  # the seam with Lightning
     ("lit_minimind.data",),
     ("lit_minimind.model",),
-    ("callbacks",),
+    ("lit_minimind.callbacks",),
     ("lit_minimind.cli", "lit_minimind.fit", "lit_minimind.generate", "lit_minimind.inspect", "lit_minimind.export",
      "lit_minimind.precision", "lit_minimind"),  # entry points and the package's public names
 ]
@@ -31,7 +31,7 @@ def layer(module: str) -> int:
 
 def modules() -> dict[str, Path]:
     found = {}
-    for package in ("lit_minimind", "callbacks"):
+    for package in ("lit_minimind",):
         for path in sorted((ROOT / package).rglob("*.py")):
             parts = path.relative_to(ROOT).with_suffix("").parts
             found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path

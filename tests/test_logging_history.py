@@ -16,8 +16,8 @@ from conftest import assert_resumed, cli_env, expected_resume, need_shared, resu
 from lightning.pytorch.loggers import CSVLogger
 from wandb_files import run_summary
 
-from callbacks.console import MiniMindConsole
-from callbacks.log_history import continue_metrics_csv
+from lit_minimind.callbacks.console import MiniMindConsole
+from lit_minimind.callbacks.log_history import continue_metrics_csv
 
 KEYS = ("loss", "logits_loss", "aux_loss", "learning_rate")
 BOTH_LOGGERS = """\
@@ -200,7 +200,7 @@ def test_checkpoint_carries_the_rows_since_the_save_before_the_previous_one_and_
     assert rows == [(s // 2, s) for s in range(5, 13)]
     log(restored, range(13, 17), time.monotonic())
     assert carried(restored.state_dict()) == list(range(5, 17))  # logged again just now: carried again
-    monkeypatch.setattr("callbacks.log_history.HISTORY_MIN_SECONDS", 0.0)
+    monkeypatch.setattr("lit_minimind.callbacks.log_history.HISTORY_MIN_SECONDS", 0.0)
     monkeypatch.setenv("WANDB__TRANSACTION_LOG_FLUSH_INTERVAL", "0")
     log(restored, range(17, 21), time.monotonic())
     assert carried(restored.state_dict()) == list(range(13, 21))  # a minute later: since the save of 12

@@ -24,7 +24,7 @@ import pytest
 import torch
 from conftest import LINE_RE, assert_resumed, cli_env, expected_resume, need_shared, resumed_at, run_cli, tiny_args
 
-from callbacks.files import resolve_last
+from lit_minimind.callbacks.files import resolve_last
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 ADVICE = "Restart every node with the same command plus --ckpt_path last"
@@ -294,7 +294,7 @@ def test_lost_peer_advice_only_for_distributed_failures(monkeypatch: pytest.Monk
     """Before the process group exists (a node never came): torch's DistError types only."""
     import torch.distributed as dist
 
-    from callbacks.preemption import lost_peer_advice
+    from lit_minimind.callbacks.preemption import lost_peer_advice
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")

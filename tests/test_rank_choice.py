@@ -15,7 +15,7 @@ import pytest
 import torch
 from conftest import LINE_RE, cli_env, need_shared, run_cli, tiny_args
 
-from callbacks.files import choose_checkpoint
+from lit_minimind.callbacks.files import choose_checkpoint
 from lit_minimind.checkpoint.atomic import atomic_save
 
 SLURM = {"SLURM_JOB_ID": "77", "SLURM_JOB_NAME": "train", "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2",

@@ -18,7 +18,7 @@ import torch
 from conftest import LINE_RE, Run, assert_resumed, cli_env, need_shared, run_cli, tiny_args
 from lightning.fabric.plugins.environments import SLURMEnvironment
 
-from callbacks.preemption import STOP, cluster_plugins, slurm_job_id, under_slurm
+from lit_minimind.callbacks.preemption import STOP, cluster_plugins, slurm_job_id, under_slurm
 
 JOB_ID = "4242"
 SLURM = {"SLURM_JOB_ID": JOB_ID, "SLURM_JOB_NAME": "train", "SLURM_NTASKS": "1", "SLURM_NTASKS_PER_NODE": "1",

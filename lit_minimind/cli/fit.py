@@ -2,7 +2,7 @@
 
 With no arguments it trains a small model on the embedded corpus on CPU. Every flag is
 LightningCLI's (``--model.*``, ``--data.*``, ``--trainer.*``, ``--config``) plus
-``--resume.*`` (:class:`callbacks.ResumeCallback`), ``--log_interval`` and ``--ckpt_path``
+``--resume.*`` (:class:`lit_minimind.callbacks.ResumeCallback`), ``--log_interval`` and ``--ckpt_path``
 (``last``, a Lightning ``.ckpt`` or a MiniMind ``_resume.pth``) and ``--from_weight``. MiniMind's own
 ``train_pretrain.py`` flags work too (:mod:`lit_minimind.cli.flags`). Run with ``--help``.
 """
@@ -25,11 +25,11 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from callbacks import MiniMindConsole, ResumeCallback
-from callbacks.preemption import LOST_PEER_EXIT, STOP, cluster_plugins, lost_peer_advice, requeue_if_preempted
-from callbacks.progress import MiniMindProgressBar
-from callbacks.remote import REMOTE_BEHIND_EXIT, choose_with_remote
-from callbacks.wandb_run import continue_wandb_run
+from lit_minimind.callbacks import MiniMindConsole, ResumeCallback
+from lit_minimind.callbacks.preemption import LOST_PEER_EXIT, STOP, cluster_plugins, lost_peer_advice, requeue_if_preempted
+from lit_minimind.callbacks.progress import MiniMindProgressBar
+from lit_minimind.callbacks.remote import REMOTE_BEHIND_EXIT, choose_with_remote
+from lit_minimind.callbacks.wandb_run import continue_wandb_run
 from lit_minimind.checkpoint.names import checkpoint_stem
 from lit_minimind.cli.export import export_after_fit
 from lit_minimind.cli.flags import help_epilog, mapping_line, name_origins, translate

@@ -198,7 +198,7 @@ class LitMiniMind(L.LightningModule):
             stats = {"loss": loss.detach(), "logits_loss": out.loss.detach(), "aux_loss": out.aux_loss.detach()}
         self.last_stats = {**stats, "lr": lr}
         self.train_loss_mean.update(loss.detach().float())
-        # per-micro-batch metrics go to the loggers from callbacks.MiniMindConsole, batched at its
+        # per-micro-batch metrics go to the loggers from lit_minimind.callbacks.MiniMindConsole, batched at its
         # log interval (Lightning's self.log would turn them into numbers, a host sync, every batch)
         return loss
 

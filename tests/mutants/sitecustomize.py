@@ -91,16 +91,16 @@ def _class_noop(module: Any, cls_name: str, method: str) -> None:
     _applied(f"{cls_name}.{method}")
 
 
-PROJECT = ("lit_minimind", "callbacks")
+PROJECT = ("lit_minimind",)
 MUTANTS: dict[str, list[tuple[tuple[str, ...], Callable[[Any], None]]]] = {
     # name: [(modules whose import triggers the patch (exact name, or a prefix ending in "."), patch)]
     "resume_fresh": [(("lightning.pytorch.trainer.trainer",), _drop_ckpt_path)],
     "data_not_skipped": [(("lit_minimind.",), _patch_method("__iter__", "resume_at", _no_skip))],
     "optimizer_not_restored": [(("torch.optim.optimizer",), lambda m: _class_noop(m, "Optimizer", "load_state_dict"))],
-    "grads_dropped": [(("callbacks.", "lit_minimind."), _patch_method("on_load_checkpoint", "_rank_training_state", _drop_grads))],
+    "grads_dropped": [(("lit_minimind.",), _patch_method("on_load_checkpoint", "_rank_training_state", _drop_grads))],
     "scaler_not_restored": [(("torch.amp.grad_scaler",), lambda m: _class_noop(m, "GradScaler", "load_state_dict"))],
     "rng_not_restored": [(("lit_minimind.",), _patch_function("set_rng_state", _noop))],
-    "wandb_id_not_passed": [(("callbacks.", "lit_minimind."), _patch_function("continue_wandb_run", _noop))],
+    "wandb_id_not_passed": [(("lit_minimind.",), _patch_function("continue_wandb_run", _noop))],
 }
 
 

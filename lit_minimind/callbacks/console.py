@@ -1,6 +1,6 @@
 """MiniMind's console line, printed every ``log_interval`` batches through the progress bar, the
 micro-batch metrics sent to the loggers (one host transfer per log interval), and what the closing
-summary reports. The rows' history that survives SIGKILLs is :mod:`callbacks.log_history`'s."""
+summary reports. The rows' history that survives SIGKILLs is :mod:`lit_minimind.callbacks.log_history`'s."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from callbacks.log_history import LogHistory, flush_loggers
+from lit_minimind.callbacks.log_history import LogHistory, flush_loggers
 
 
 def format_minimind_line(epoch: int, epochs: int, step: int, iters: int, loss: float, logits_loss: float,
@@ -54,7 +54,7 @@ class MiniMindConsole(Callback):
     continues across resumes, also on another number of processes.
 
     Nothing logged is lost to a SIGKILL: the rows a resume may need ride in this callback's
-    checkpointed state (:class:`callbacks.log_history.LogHistory`). Loggers are flushed
+    checkpointed state (:class:`lit_minimind.callbacks.log_history.LogHistory`). Loggers are flushed
     (``logger.save()``) before every checkpoint, so a CSV file is never behind a checkpoint. ``epoch_time`` is MiniMind's estimate of the minutes left in the
     epoch, measured from the epoch's (or the resume's) first batch. Also keeps what the end-of-run
     summary reports.

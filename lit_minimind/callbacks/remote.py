@@ -19,7 +19,7 @@ from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_warn
 
-from callbacks.files import choose_checkpoint, resolve_last
+from lit_minimind.callbacks.files import choose_checkpoint, resolve_last
 from lit_minimind.checkpoint.atomic import read_manifest
 from lit_minimind.checkpoint.names import SHARDS_FIELD, minimind_file_names
 from lit_minimind.checkpoint.remote import RemoteDir, is_url
@@ -165,7 +165,7 @@ class RemoteCheckpoints:
 
 def choose_with_remote(flag: str | None, remote: RemoteCheckpoints | None, ckpt_dir: str | Path, stem: str,
                        global_rank: int) -> str | None:
-    """:func:`callbacks.files.choose_checkpoint`, the remote included: for ``last`` global rank 0 first
+    """:func:`lit_minimind.callbacks.files.choose_checkpoint`, the remote included: for ``last`` global rank 0 first
     downloads the newest committed remote checkpoint when it is newer than every local one (a local
     one newer than the remote's wins, and is uploaded at the start). Another rank only looks whether
     there is a checkpoint anywhere; every rank then loads rank 0's choice."""

@@ -1,9 +1,9 @@
 """ResumeCallback: MiniMind's checkpoint files from Lightning's own checkpoint, and exact resume from them.
 
-Composed of small units, each with one job: :class:`callbacks.schedule.SaveSchedule` (when),
-:class:`callbacks.files.CheckpointFiles` (names, retention, MiniMind's files),
-:mod:`lit_minimind.checkpoint.weights` (MiniMind's keys), :data:`callbacks.preemption.STOP` (signals),
-:mod:`callbacks.wandb_run` (the logger's run). Lightning keeps the rest: the data position in the
+Composed of small units, each with one job: :class:`lit_minimind.callbacks.schedule.SaveSchedule` (when),
+:class:`lit_minimind.callbacks.files.CheckpointFiles` (names, retention, MiniMind's files),
+:mod:`lit_minimind.checkpoint.weights` (MiniMind's keys), :data:`lit_minimind.callbacks.preemption.STOP` (signals),
+:mod:`lit_minimind.callbacks.wandb_run` (the logger's run). Lightning keeps the rest: the data position in the
 DataModule's ``state_dict``, loop counters, optimizer, scaler, this callback's ``state_dict``.
 """
 
@@ -20,11 +20,11 @@ import torch
 from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from callbacks.files import CheckpointFiles, agree_on_checkpoint
-from callbacks.preemption import STOP
-from callbacks.remote import RemoteCheckpoints, staging_dir
-from callbacks.schedule import SaveSchedule
-from callbacks.wandb_run import describe_wandb_run, resume_record, wandb_run_id
+from lit_minimind.callbacks.files import CheckpointFiles, agree_on_checkpoint
+from lit_minimind.callbacks.preemption import STOP
+from lit_minimind.callbacks.remote import RemoteCheckpoints, staging_dir
+from lit_minimind.callbacks.schedule import SaveSchedule
+from lit_minimind.callbacks.wandb_run import describe_wandb_run, resume_record, wandb_run_id
 from lit_minimind.checkpoint.names import CALLBACK_FORMAT_VERSION, RESUME_STATE_KEY, TRAINING_STATE_KEY, checkpoint_stem
 from lit_minimind.checkpoint.weights import add_minimind_keys, fp16_weights, unwrap_model
 from lit_minimind.errors import CheckpointError
@@ -59,7 +59,7 @@ class ResumeCallback(Checkpoint):
         save_every_minutes: also save when this many minutes passed since the last save.
         async_save: write in the background: the loop blocks only to snapshot the state (at most one
             save in flight; a failed write stops training at the next optimizer step).
-        upload_timeout: with a remote ``ckpt_dir``/``out_dir`` (an fsspec URL, :mod:`callbacks.remote`): how
+        upload_timeout: with a remote ``ckpt_dir``/``out_dir`` (an fsspec URL, :mod:`lit_minimind.callbacks.remote`): how
             many seconds the end of the run waits for the newest save's upload.
     """
 
@@ -193,7 +193,7 @@ class ResumeCallback(Checkpoint):
 
     # ------------------------------------------------------------------ start
     def resume_from(self, path: str | None) -> None:
-        """The checkpoint this rank chose before training (:func:`callbacks.files.choose_checkpoint`): at
+        """The checkpoint this rank chose before training (:func:`lit_minimind.callbacks.files.choose_checkpoint`): at
         setup every rank agrees on global rank 0's, the one ``trainer.fit(ckpt_path=path)`` then loads."""
         self._chosen_here = path
 

@@ -21,7 +21,7 @@ class StopRequest:
     """Records the first SIGTERM / SIGINT / SIGUSR1; a second SIGINT aborts at once (exit 130).
 
     One per process (:data:`STOP`): ``python -m lit_minimind.fit`` installs it first thing, so a
-    signal during start-up is recorded too; :class:`callbacks.ResumeCallback` installs it again
+    signal during start-up is recorded too; :class:`lit_minimind.callbacks.ResumeCallback` installs it again
     when training starts, replacing the SIGTERM handler Lightning registers just before.
 
     A handler only records the signal (and prints one line); ranks agree at the next optimizer step.
