@@ -47,6 +47,11 @@ DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "conf" / "default.yaml"
 class MiniMindCLI(LightningCLI):
     """LightningCLI with the resume callback, MiniMind's console line and ``--ckpt_path``."""
 
+    def init_parser(self, **kwargs: Any) -> Any:
+        """No abbreviated flags: ``--trainer.max_epoch`` is an unknown flag (did you mean ...?), not ``max_epochs``."""
+        kwargs.setdefault("allow_abbrev", False)
+        return super().init_parser(**kwargs)
+
     def add_arguments_to_parser(self, parser: Any) -> None:
         parser.add_lightning_class_args(ResumeCallback, "resume")
         parser.add_lightning_class_args(MiniMindConsole, "console")
