@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
 from conftest import cli_env
 
 
@@ -30,3 +32,44 @@ def test_an_abbreviated_flag_is_an_unknown_flag_and_nothing_is_written(tmp_path:
     assert not list(tmp_path.iterdir())  # no out/, checkpoints/, lightning_logs/
     shown = run_module("lit_minimind.fit", "--help", cwd=tmp_path)
     assert shown.returncode == 0 and "--trainer.max_epochs" in shown.stdout, shown.stderr[-3000:]
+
+
+# ------------------------------------------------------------------ generate / export / inspect given no model
+def not_model_files(where: Path) -> dict[str, tuple[Path, str]]:
+    """Files that hold no model, as the library writes them: ``kind -> (file, what its error line must say)``."""
+    import torch
+
+    from lit_minimind.model import MiniMindConfig, MiniMindForCausalLM
+    from lit_minimind.model.lora import apply_lora, lora_state
+
+    torch.manual_seed(0)
+    model = MiniMindForCausalLM(MiniMindConfig(hidden_size=64, num_hidden_layers=2))
+    apply_lora(model)
+    files = {"lora": where / "lora_x_64.pth", "optimizer": where / "optimizer.pth", "other": where / "notes.pth"}
+    torch.save(lora_state(model.state_dict()), files["lora"])  # what LoRA training writes (out/lora_*.pth)
+    torch.save(torch.optim.AdamW(model.parameters()).state_dict(), files["optimizer"])
+    torch.save({"notes": "hello", "step": 3}, files["other"])
+    return {
+        "lora": (files["lora"], f"LoRA adapters only (4, rank 16), not a whole model: use them with the model they "
+                 f"were trained on: python -m lit_minimind.generate BASE --lora {files['lora']}"),
+        "optimizer": (files["optimizer"], f"{files['optimizer']}: an optimizer's state (state, param_groups), no model weights"),
+        "other": (files["other"], f"{files['other']}: not model weights or a checkpoint (keys: notes, step)"),
+    }
+
+
+@pytest.mark.parametrize("kind", ["lora", "optimizer", "other"])
+def test_generate_export_inspect_say_what_a_file_without_a_model_is(tmp_path: Path, kind: str) -> None:
+    """An adapter file, an optimizer's state dict, any other dict: each command prints one ``error:`` line
+    saying what the file holds and what to do, exit 2, no traceback (generate: no ``Missing key(s)``)."""
+    path, expected = not_model_files(tmp_path)[kind]
+    commands = [("lit_minimind.generate", str(path), "--prompt", "hi"),
+                ("lit_minimind.export", str(path), str(tmp_path / "hf")),
+                ("lit_minimind.inspect", str(path))]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = list(pool.map(lambda command: run_module(*command, cwd=tmp_path), commands))
+    for command, run in zip(commands, runs):
+        assert run.returncode == 2, (command[0], run.stdout[-2000:], run.stderr[-3000:])
+        errors = error_lines(run.stderr)
+        assert len(errors) == 1 and expected in errors[0], (command[0], run.stderr[-3000:])
+        assert "Traceback" not in run.stderr and "Missing key" not in run.stderr, command[0]
+    assert not (tmp_path / "hf").exists()

@@ -21,6 +21,8 @@ from torch import nn
 from lit_minimind.checkpoint.hf import FIELDS_KEY
 from lit_minimind.checkpoint.names import DATA_STATE_KEY, MODULE_PREFIX, RESUME_STATE_KEY
 from lit_minimind.checkpoint.read import checkpoint_kind
+from lit_minimind.errors import CheckpointError
+from lit_minimind.model.lora import is_lora_key
 
 
 def fp16_weights(state_dict: Mapping[str, torch.Tensor], prefix: str = MODULE_PREFIX) -> dict[str, torch.Tensor]:
@@ -80,6 +82,46 @@ def model_weights(ckpt: dict[str, Any]) -> dict[str, torch.Tensor]:
     if kind == "weights":
         return ckpt
     raise ValueError(f"no model weights in a checkpoint with keys {sorted(ckpt)[:8]}")
+
+
+GIVE_A_MODEL = "give MiniMind weights (out/NAME_HIDDEN.pth), a checkpoint (.ckpt, *_resume.pth) or a Hugging Face export"
+
+
+def not_a_model(ckpt: dict[str, Any], path: Any) -> str | None:
+    """None when ``ckpt`` (read from ``path``) holds a MiniMind model's weights; else one line saying what
+    the file holds instead (LoRA adapters, an optimizer's state, other tensors, ...) and what to do.
+    The one check of ``generate``, ``export`` and ``inspect``."""
+    try:
+        weights = model_weights(ckpt)
+    except ValueError:
+        weights = {}
+    if any(k.endswith("embed_tokens.weight") for k in weights):
+        return None
+    adapters = [k for k in weights if k.endswith(".lora.A.weight")]
+    if adapters and all(is_lora_key(k) for k in weights):
+        ranks = "/".join(str(r) for r in sorted({int(weights[k].shape[0]) for k in adapters}))
+        return (f"{path}: LoRA adapters only ({len(adapters)}, rank {ranks}), not a whole model: use them with the "
+                f"model they were trained on: python -m lit_minimind.generate BASE --lora {path} "
+                f"(or merge them into it: python -m lit_minimind.merge_lora BASE {path})")
+    keys = ", ".join(sorted(map(str, weights or ckpt))[:5]) or "none"
+    if {"state", "param_groups"} <= ckpt.keys():
+        return f"{path}: an optimizer's state (state, param_groups), no model weights: {GIVE_A_MODEL}"
+    kind = {"lightning": "a Lightning checkpoint", "minimind_resume": "a MiniMind resume file",
+            "hf": "a Hugging Face directory"}.get(checkpoint_kind(ckpt))
+    if kind is not None:
+        return f"{path}: {kind} without a MiniMind model's weights (keys: {keys}): {GIVE_A_MODEL}"
+    if weights:
+        return f"{path}: tensors, but no MiniMind weights among them (no embed_tokens.weight; keys: {keys}): {GIVE_A_MODEL}"
+    return f"{path}: not model weights or a checkpoint (keys: {keys}): {GIVE_A_MODEL}"
+
+
+def require_model_weights(ckpt: dict[str, Any], path: Any) -> dict[str, torch.Tensor]:
+    """:func:`model_weights` of a file a command loads as a model; :class:`CheckpointError` with
+    :func:`not_a_model`'s line for any other file."""
+    problem = not_a_model(ckpt, path)
+    if problem is not None:
+        raise CheckpointError(problem)
+    return model_weights(ckpt)
 
 
 def saved_config(ckpt: Mapping[str, Any]) -> dict[str, Any]:

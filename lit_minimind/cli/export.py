@@ -29,7 +29,7 @@ from lit_minimind.checkpoint.hf import (
     to_hf,
 )
 from lit_minimind.checkpoint.read import read_checkpoint
-from lit_minimind.checkpoint.weights import config_mismatches, model_weights, saved_config, shape_config
+from lit_minimind.checkpoint.weights import config_mismatches, require_model_weights, saved_config, shape_config
 from lit_minimind.data.chat_template import load_chat_template
 from lit_minimind.data.tokenizer import build_default_tokenizer, load_tokenizer
 from lit_minimind.errors import CheckpointError, DataError, UsageError
@@ -97,10 +97,7 @@ def export_hf(src: str | os.PathLike, out_dir: str | os.PathLike, dtype: str = "
     out_dir = Path(out_dir)
     check_target(out_dir, overwrite)
     ckpt = read_checkpoint(src)
-    try:
-        weights = model_weights(ckpt)
-    except ValueError:
-        raise CheckpointError(f"{src}: no MiniMind weights found") from None
+    weights = require_model_weights(ckpt, src)  # LoRA adapters, an optimizer's state, ...: one line saying so
     config = model_config(ckpt, weights, str(src))
     tensors = to_hf(weights, config.to_dict(), dtype, what=str(src))
     recorded = None if tokenizer_path else recorded_tokenizer(ckpt)

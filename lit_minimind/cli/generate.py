@@ -25,7 +25,7 @@ from tokenizers import Tokenizer
 
 from lit_minimind.checkpoint.hf import is_hf_directory
 from lit_minimind.checkpoint.read import read_checkpoint
-from lit_minimind.checkpoint.weights import model_weights, saved_config, shape_config
+from lit_minimind.checkpoint.weights import model_weights, require_model_weights, saved_config, shape_config
 from lit_minimind.data.chat_template import load_chat_template, render_chat
 from lit_minimind.data.tokenizer import BOS_ID, EOS_ID, build_default_tokenizer, encode, load_tokenizer
 from lit_minimind.errors import CheckpointError
@@ -37,10 +37,7 @@ def load_model(path: str) -> MiniMindForCausalLM:
     """A float32 model, in eval mode, from any checkpoint holding MiniMind weights (or a Hugging Face
     directory of one): the shape from the weights, the rest from the config the checkpoint records."""
     ckpt = read_checkpoint(path)
-    try:
-        weights = model_weights(ckpt)
-    except ValueError:
-        raise CheckpointError(f"{path}: no MiniMind weights found") from None
+    weights = require_model_weights(ckpt, path)  # LoRA adapters, an optimizer's state, ...: one line saying so
     fields = {k: v for k, v in shape_config(weights).items() if v is not None}
     model = MiniMindForCausalLM(MiniMindConfig.from_dict({**saved_config(ckpt), **fields}))
     model.load_state_dict({k: v.float() for k, v in weights.items()}, strict=True)

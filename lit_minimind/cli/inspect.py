@@ -27,7 +27,7 @@ from lit_minimind.checkpoint.names import (
 )
 from lit_minimind.checkpoint.read import checkpoint_kind, harmful_imports, read_checkpoint, verify_manifest, verify_shards
 from lit_minimind.checkpoint.verify import verify_file
-from lit_minimind.checkpoint.weights import model_weights, shape_config
+from lit_minimind.checkpoint.weights import model_weights, not_a_model, shape_config
 from lit_minimind.errors import CheckpointError, NotATorchZip, UnverifiableCheckpoint
 
 SCALER_KEYS = frozenset({"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"})
@@ -57,6 +57,8 @@ def summarize(path: str | Path) -> dict[str, Any]:
         return {**info, "valid": False, "error": str(err)}
     kind = checkpoint_kind(ckpt)
     info.update(valid=kind != "unknown", format=kind)
+    if kind in ("weights", "unknown") and (problem := not_a_model(ckpt, path)):  # adapters, optimizer state, ...
+        return {**info, "valid": False, "not_a_model": True, "error": problem}
     if kind == "lightning":
         weights = model_weights(ckpt)  # MiniMind's keys: the metrics' states are no weights
         callback = (ckpt.get("callbacks") or {}).get(RESUME_STATE_KEY) or {}
@@ -77,10 +79,8 @@ def summarize(path: str | Path) -> dict[str, Any]:
         state = {k: ckpt.get(k) for k in POSITION_KEYS}
         optimizer = ckpt.get("optimizer")
         info.update(written_by="original MiniMind", versions=None, fp32_master_weights=False)
-    elif kind == "weights":
+    else:  # "weights" (any other file: not_a_model above)
         weights, state, optimizer = ckpt, {}, None
-    else:
-        return {**info, "error": f"unrecognised keys: {sorted(ckpt)[:10]}"}
     info.update({k: state.get(k) for k in POSITION_KEYS})
     if "global_step" not in info and state.get("global_step") is not None:
         info["global_step"] = state["global_step"]
@@ -142,6 +142,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)
     info = summarize(args.path)
+    if info.get("not_a_model"):  # a file to give another command (LoRA adapters: generate --lora): say so, no table
+        if args.json:
+            print(json.dumps(info, indent=1, default=str))
+        print(f"error: {info['error']}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(info, indent=1, default=str))
     else:
