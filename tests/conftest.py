@@ -77,15 +77,15 @@ def cli_env(**extra: str) -> dict[str, str]:
 
 
 def run_cli(cwd: Path, args: list[str], *, kill_after_lines: int | None = None, env: dict[str, str] | None = None,
-            timeout: float = 300, kill_group: bool = True) -> Run:
-    """Run ``python -m lit_minimind.fit`` in ``cwd``.
+            timeout: float = 300, kill_group: bool = True, command: list[str] | None = None) -> Run:
+    """Run ``python -m lit_minimind.fit`` (or ``command``, e.g. ``[python, script.py]``) in ``cwd``.
 
     ``kill_after_lines=k`` sends SIGKILL right after the k-th MiniMind console line is read;
     a process that stops itself inside a save (test hook) is SIGKILLed there. ``kill_group``
     kills every process of the run (DDP ranks, wandb's service), else only the trainer process.
     """
     # own session: a kill takes the whole process group (DDP ranks included), as a preemption does
-    proc = subprocess.Popen([sys.executable, "-m", "lit_minimind.fit", *args], cwd=cwd, env=env or cli_env(),
+    proc = subprocess.Popen([*(command or [sys.executable, "-m", "lit_minimind.fit"]), *args], cwd=cwd, env=env or cli_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     out: list[str] = []
     seen = 0

@@ -11,16 +11,21 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import need_shared, run_cli, tiny_args
+from conftest import assert_resumed, need_shared, run_cli, tiny_args
 
 
-def test_a_resume_reads_its_checkpoint_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_resume_reads_its_checkpoint_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            capfd: pytest.CaptureFixture[str]) -> None:
     need_shared()
     args = tiny_args(epochs=1, accumulate=2, save_interval=4)
     first = run_cli(tmp_path, args + ["--trainer.max_steps", "2"])  # stops after batch 4, saved there
     assert first.returncode == 0, first.stderr[-2000:]
     (chosen,) = (tmp_path / "checkpoints").glob("*_s4_*.ckpt")
-    watched = {os.path.abspath(chosen): "checkpoint", os.path.abspath(f"{chosen}.manifest.json"): "manifest"}
+    # _resume.pth is a hard link to it: the same bytes under another name count as the checkpoint too
+    resume_link = tmp_path / "checkpoints" / "pretrain_64_resume.pth"
+    assert os.path.samefile(resume_link, chosen)
+    watched = {os.path.abspath(chosen): "checkpoint", os.path.abspath(resume_link): "checkpoint",
+               os.path.abspath(f"{chosen}.manifest.json"): "manifest"}
     reads: Counter[str] = Counter()
     real_open, real_load = builtins.open, torch.load
 
@@ -44,3 +49,5 @@ def test_a_resume_reads_its_checkpoint_once(tmp_path: Path, monkeypatch: pytest.
     assert main(args + ["--trainer.max_steps", "3", "--ckpt_path", "last"]) == 0
     # the file opened twice: the CRC pass and torch.load's own open (it opens through Python's open)
     assert reads == {"open checkpoint": 2, "open manifest": 1, "torch.load checkpoint": 1}, reads
+    out, err = capfd.readouterr()
+    assert_resumed(out + err, 1, 5)  # it did resume from that checkpoint (a fresh start reads nothing)

@@ -99,9 +99,9 @@ class MiniMindConsole(Callback):
         """Before the checkpoint is written: what the loggers hold goes to their files (CSV: ``metrics.csv``)."""
         flush_loggers(trainer)
 
-    def continue_logs(self, trainer: L.Trainer, ckpt: dict[str, Any], csv_args: list[dict[str, Any]]) -> None:
+    def continue_logs(self, trainer: L.Trainer, ckpt: dict[str, Any]) -> None:
         """Before a resume from ``ckpt``: CSV logs continue its log directory (:meth:`LogHistory.continue_logs`)."""
-        self.history.continue_logs(trainer, ckpt, csv_args)
+        self.history.continue_logs(trainer, ckpt)
 
     # ------------------------------------------------------------------ hooks
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:

@@ -80,21 +80,20 @@ class LogHistory:
         self._csv_logs = [{"root_dir": str(lg.root_dir), "version": lg.version}
                           for lg in trainer.loggers if isinstance(lg, CSVLogger)]
 
-    def continue_logs(self, trainer: L.Trainer, ckpt: dict[str, Any], csv_args: list[dict[str, Any]]) -> None:
+    def continue_logs(self, trainer: L.Trainer, ckpt: dict[str, Any]) -> None:
         """Before ``trainer.fit(ckpt_path=...)``, while the loggers have not started: every CSV logger
         without a version of your choice continues the log directory of the checkpoint's run, its
         ``metrics.csv`` cut back to the rows logged up to the checkpoint (the rest is trained again).
-
-        ``csv_args``: the constructor arguments of the run's CSV loggers, in order (from its config); a
-        continued logger is built again with the checkpoint's ``version`` (its public argument) and
+        A continued logger is built again with the checkpoint's ``version`` (its public argument) and
         replaces the one that was never started in ``trainer.loggers``."""
         from lightning.fabric.loggers import CSVLogger
 
         state, global_step = callback_state(ckpt, CONSOLE_STATE_KEY), ckpt.get("global_step")
         loggers = list(trainer.loggers)
         positions = [i for i, lg in enumerate(loggers) if isinstance(lg, CSVLogger)]
-        for i, args, saved in zip(positions, csv_args, state.get("csv_logs") or []):
-            if args.get("version") is not None:
+        for i, saved in zip(positions, state.get("csv_logs") or []):
+            args = csv_logger_args(loggers[i])
+            if args["version"] is not None:
                 continue  # a version you chose: Lightning's behaviour
             if os.path.normpath(str(loggers[i].root_dir)) != os.path.normpath(str(saved.get("root_dir"))):
                 continue  # logs go elsewhere now: a new version there
@@ -118,6 +117,16 @@ class LogHistory:
             for logger in loggers:
                 logger.log_metrics(dict(metrics), step=step)
             self.record(step, metrics)  # logged now: carried by the next checkpoints again
+
+
+def csv_logger_args(logger: Any) -> dict[str, Any]:
+    """A CSVLogger's constructor arguments, to build it again with another ``version`` before it started.
+
+    The one place that reads a logger's private attributes: CSVLogger keeps its ``version`` (None until
+    it is chosen), ``prefix`` and flush interval only there, and has no public way to set a version."""
+    return {"save_dir": logger.save_dir, "name": logger.name, "version": getattr(logger, "_version", None),
+            "prefix": getattr(logger, "_prefix", ""),
+            "flush_logs_every_n_steps": getattr(logger, "_flush_logs_every_n_steps", 100)}
 
 
 def history_seconds() -> float:

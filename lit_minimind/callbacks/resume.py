@@ -12,23 +12,27 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Checkpoint
+from lightning.fabric.plugins import TorchCheckpointIO
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from lit_minimind.callbacks.console import MiniMindConsole
 from lit_minimind.callbacks.files import CheckpointFiles, agree_on_checkpoint
 from lit_minimind.callbacks.preemption import STOP
-from lit_minimind.callbacks.remote import RemoteCheckpoints, staging_dir
+from lit_minimind.callbacks.remote import RemoteCheckpoints, choose_with_remote, staging_dir
 from lit_minimind.callbacks.schedule import SaveSchedule
-from lit_minimind.callbacks.wandb_run import describe_wandb_run, resume_record, wandb_run_id
+from lit_minimind.callbacks.wandb_run import continue_wandb_run, describe_wandb_run, resume_record, wandb_run_id
 from lit_minimind.checkpoint.names import CALLBACK_FORMAT_VERSION, RESUME_STATE_KEY, TRAINING_STATE_KEY, checkpoint_stem
 from lit_minimind.checkpoint.weights import add_minimind_keys, fp16_weights, unwrap_model
 from lit_minimind.errors import CheckpointError
-from lit_minimind.resume.io import SafeCheckpointIO
+from lit_minimind.resume.io import SafeCheckpointIO, read_start_checkpoint, saved_wandb_id
 from lit_minimind.resume.library import library_versions
 from lit_minimind.resume.loop_state import loops_at
 from lit_minimind.resume.position import optimizer_steps, window_complete, world_size_change
@@ -37,8 +41,19 @@ from lit_minimind.resume.rng import set_rng_state
 from lit_minimind.resume.scaler import adopt_scaler_state
 
 
-class ResumeCallback(Checkpoint):
-    """Writes MiniMind's checkpoint files and makes every resume exact.
+# Lightning's own line when ``ckpt_path="last"`` finds nothing; ResumeCallback says it (once) in its own words
+_NO_LAST = r'.*ckpt_path="last"\) is set, but there is no last checkpoint available.*'
+
+
+class ResumeCallback(ModelCheckpoint):
+    """Writes MiniMind's checkpoint files and makes every resume exact; alone in a Trainer it is enough.
+
+    ``trainer.fit(model, datamodule=dm, ckpt_path="last")`` resumes from the newest valid checkpoint of
+    ``ckpt_dir`` (a damaged one skipped with a line, MiniMind's ``_resume.pth`` accepted, a URL
+    directory's newest downloaded), continues the run's wandb run and CSV log directory, and starts
+    fresh (saying so) when there is none. The callback installs its checkpoint storage
+    (:class:`lit_minimind.resume.io.SafeCheckpointIO`: atomic, verified, reads MiniMind's files) as the
+    strategy's ``checkpoint_io`` at setup, and its stop-signal handling.
 
     Every ``save_interval`` batches of an epoch and at its end (MiniMind's ``step % save_interval
     == 0 or step == iters``), on a stop signal at the next optimizer-step boundary, and where
@@ -46,9 +61,6 @@ class ResumeCallback(Checkpoint):
     ``{ckpt_dir}/{stem}_e{epoch}_s{step}_g{global_step}_{run_id}.ckpt`` (Lightning's checkpoint,
     also MiniMind's resume dict: the commit record), ``{ckpt_dir}/{stem}_resume.pth`` (a hard link
     to it) and ``{out_dir}/{stem}.pth`` (fp16 weights). ``stem`` is ``{weight}_{hidden}{_moe}``.
-
-    Needs :class:`lit_minimind.resume.io.SafeCheckpointIO` in ``Trainer(plugins=[...])``
-    (``python -m lit_minimind.fit`` adds it) to write atomically and read MiniMind's files.
 
     Args:
         save_interval: save every this many batches of an epoch (MiniMind's ``save_interval``).
@@ -73,7 +85,9 @@ class ResumeCallback(Checkpoint):
             raise ValueError(f"--resume.upload_timeout must be >= 0 seconds, got {upload_timeout}")
         self.upload_timeout = upload_timeout
         self.files = CheckpointFiles(staging_dir("ckpt_dir", ckpt_dir), staging_dir("out_dir", out_dir), weight, keep_last)
-        self.dirpath = str(self.files.ckpt_dir)
+        # a ModelCheckpoint only so that Lightning asks it for ``ckpt_path="last"`` (_find_last_checkpoints);
+        # none of ModelCheckpoint's own saving runs: every hook it saves from is overridden here
+        super().__init__(dirpath=str(self.files.ckpt_dir), save_top_k=0, save_last=False)
         self.async_save = async_save
         self._in_flight = ""  # what the save being written is, for its error message
         self.run_id = uuid.uuid4().hex[:8]  # carried across resumes: a fresh run never touches another's files
@@ -86,7 +100,8 @@ class ResumeCallback(Checkpoint):
         self._pending: dict[str, Any] | None = None  # RNG and partial gradients to apply at train start
         self._export: dict[str, torch.Tensor] | None = None
         self._last_saved: tuple[int, int] | None = None
-        self._chosen_here: str | None = None
+        self._chosen_here: str | None = None  # this rank's choice (choose)
+        self._start: tuple[str, dict[str, Any]] | None = None  # rank 0: the chosen checkpoint, read once
         self._chosen: str | None = None  # global rank 0's choice, the file every rank loads
         self._saving_to: Path | None = None  # the checkpoint trainer.save_checkpoint is writing (for its shards)
         self.save_seconds: tuple[float, float | None] = (0.0, None)  # the last save: loop's wait, until committed
@@ -192,25 +207,81 @@ class ResumeCallback(Checkpoint):
         return mine
 
     # ------------------------------------------------------------------ start
+    def choose(self, trainer: L.Trainer, pl_module: L.LightningModule, ckpt_path: str | None) -> str | None:
+        """The checkpoint this run starts from, before ``trainer.fit`` starts the loggers: ``"last"`` (the
+        newest valid one of ``ckpt_dir``, the remote's included; None when there is none: a fresh start,
+        said once), a file, or None. On global rank 0 the file is verified and read once: the wandb run
+        and the CSV log directory it names are continued, and Lightning's restore takes this read.
+
+        ``trainer.fit(ckpt_path="last")`` calls it (through :meth:`_find_last_checkpoints`); call it
+        yourself and pass its result as ``ckpt_path`` to continue the loggers of a checkpoint named by path.
+        """
+        self._start = None
+        if trainer.is_global_zero and self.remote is not None:
+            self.remote.uploader.start()  # the upload process starts up while the trainer does
+        chosen = choose_with_remote(ckpt_path, self.remote, self.files.ckpt_dir, self.stem(pl_module), trainer.global_rank)
+        self._chosen_here = chosen
+        if chosen is None or not trainer.is_global_zero:
+            return chosen
+        start = read_start_checkpoint(chosen)
+        continue_wandb_run(trainer, saved_wandb_id(start))  # before Lightning starts the wandb run
+        for console in (cb for cb in trainer.callbacks if isinstance(cb, MiniMindConsole)):
+            console.continue_logs(trainer, start)  # the checkpoint's CSV log directory
+        self._start = (chosen, start)
+        return chosen
+
+    def _find_last_checkpoints(self, trainer: L.Trainer) -> set[str]:
+        """What ``ckpt_path="last"`` means with this callback (:meth:`choose`).
+
+        The one private name the callback relies on: Lightning resolves ``"last"`` before any hook runs
+        (``_CheckpointConnector._parse_ckpt_path``), asking only ``ModelCheckpoint._find_last_checkpoints``
+        and ``OnExceptionCheckpoint.ckpt_path``; the latter would also turn ``ckpt_path=None`` into a resume.
+        """
+        if trainer.state.fn != TrainerFn.FITTING:  # validate/test(ckpt_path="last"): the newest valid file
+            found = choose_with_remote("last", None, self.files.ckpt_dir, self.stem(trainer.lightning_module), 0)
+            return {found} if found else set()
+        chosen = self.choose(trainer, trainer.lightning_module, "last")
+        if chosen is None:
+            warnings.filterwarnings("ignore", message=_NO_LAST)  # said already, in this run's words
+            return set()
+        if not Path(chosen).exists():  # another rank, rank 0 downloads from the remote: rank 0's file is loaded
+            self.files.ckpt_dir.mkdir(parents=True, exist_ok=True)
+            return {str(self.files.ckpt_dir)}  # a stand-in Lightning sees exist; setup redirects the read
+        return {chosen}
+
     def resume_from(self, path: str | None) -> None:
-        """The checkpoint this rank chose before training (:func:`lit_minimind.callbacks.files.choose_checkpoint`): at
-        setup every rank agrees on global rank 0's, the one ``trainer.fit(ckpt_path=path)`` then loads."""
+        """This rank's checkpoint choice, made elsewhere (at setup every rank agrees on global rank 0's)."""
         self._chosen_here = path
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         STOP.install()  # before Lightning registers its SIGTERM handler, which then calls ours too
-        io = trainer.strategy.checkpoint_io
+        io = self._install_checkpoint_io(trainer)
+        if stage != TrainerFn.FITTING:
+            return
+        if trainer.is_global_zero and self.remote is not None:
+            self.remote.uploader.start()
         chosen = agree_on_checkpoint(trainer, self._chosen_here)  # a collective under DDP, before restore
-        self._chosen = chosen
+        self._chosen, self._chosen_here = chosen, None
         if trainer.world_size > 1:  # one run id, so every rank names the checkpoint (and its shard) as rank 0 does
             self.run_id = trainer.strategy.broadcast(self.run_id, src=0)
-        if isinstance(io, SafeCheckpointIO):
-            io.async_writes = self.async_save
-            if chosen is not None and not trainer.is_global_zero:
-                io.load_verified(chosen)  # rank 0's file; rank 0 checked its bytes
-        else:
-            rank_zero_warn("ResumeCallback: pass plugins=[lit_minimind.resume.io.SafeCheckpointIO()] to the Trainer "
-                           "for atomic, verified, asynchronous checkpoint files and MiniMind resume files")
+        start, self._start = self._start, None
+        if start is not None:
+            io.hand_over(*start)  # Lightning's restore reads no file again
+        elif chosen is not None and not trainer.is_global_zero:
+            io.load_verified(chosen)  # rank 0's file; rank 0 checked its bytes
+
+    def _install_checkpoint_io(self, trainer: L.Trainer) -> SafeCheckpointIO:
+        """The strategy's checkpoint storage becomes :class:`SafeCheckpointIO` (its public setter) unless it
+        is one already; another storage plugin of the user's is refused (its files would not be MiniMind's)."""
+        io = trainer.strategy.checkpoint_io
+        if type(io) is TorchCheckpointIO:  # Lightning's default: nothing of the user's is replaced
+            io = trainer.strategy.checkpoint_io = SafeCheckpointIO()
+        if not isinstance(io, SafeCheckpointIO):
+            raise CheckpointError(f"ResumeCallback writes its checkpoints through lit_minimind.resume.io.SafeCheckpointIO "
+                                  f"(atomic, verified, MiniMind's files), but the Trainer has {type(io).__name__} as its "
+                                  "checkpoint plugin: remove it from Trainer(plugins=...)")
+        io.async_writes = self.async_save
+        return io
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         STOP.install()  # replaces Lightning's SIGTERM handler: a signal now waits for the optimizer step
