@@ -73,3 +73,23 @@ def test_generate_export_inspect_say_what_a_file_without_a_model_is(tmp_path: Pa
         assert len(errors) == 1 and expected in errors[0], (command[0], run.stderr[-3000:])
         assert "Traceback" not in run.stderr and "Missing key" not in run.stderr, command[0]
     assert not (tmp_path / "hf").exists()
+
+
+# ------------------------------------------------------------------ what a run writes is readable by others
+def test_weights_checkpoints_and_exports_get_the_umask_default_mode(tmp_path: Path) -> None:
+    """Under umask 027 every file a run writes for its user (fp16 ``out/*.pth``, checkpoints, the Hugging
+    Face export of ``--export_hf``, manifests) is 0o640 and the export directory 0o750, as ``open`` and
+    ``mkdir`` make them; no file private to its owner (mkdtemp's and safetensors' 0o600 / 0o700)."""
+    run = subprocess.run([sys.executable, "-m", "lit_minimind.fit", "--model.hidden_size", "64",
+                          "--model.num_hidden_layers", "2", "--trainer.max_steps", "2", "--log_interval", "1",
+                          "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+                          "--export_hf", "hf"], cwd=tmp_path, env=cli_env(), capture_output=True, text=True,
+                         timeout=300, umask=0o027)
+    assert run.returncode == 0, run.stderr[-3000:]
+    files = [f for d in ("out", "checkpoints", "hf") for f in (tmp_path / d).rglob("*") if f.is_file()]
+    names = {f.relative_to(tmp_path).as_posix() for f in files}
+    assert {"out/pretrain_64.pth", "hf/model.safetensors", "hf/config.json"} <= names, names
+    assert any(n.startswith("checkpoints/") and n.endswith(".ckpt") for n in names), names
+    modes = {f.relative_to(tmp_path).as_posix(): oct(f.stat().st_mode & 0o777) for f in files}
+    assert set(modes.values()) == {"0o640"}, modes
+    assert oct((tmp_path / "hf").stat().st_mode & 0o777) == "0o750"

@@ -208,6 +208,18 @@ def atomic_write_bytes(data: bytes | str, path: str | os.PathLike) -> Path:
     return Path(path)
 
 
+def default_mode(directory: bool = False) -> int:
+    """The mode ``open`` (0o666) or ``mkdir`` (0o777) gives a new file here: less the process's umask
+    (0o644 / 0o755 under umask 022). Read from /proc where it can be: ``os.umask`` must set it to read it."""
+    try:
+        with open("/proc/self/status") as f:
+            mask = next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return (0o777 if directory else 0o666) & ~mask
+
+
 @contextlib.contextmanager
 def atomic_directory(path: str | os.PathLike, replace: bool = False) -> Iterator[Path]:
     """Write a directory atomically: yields an empty tmp directory beside ``path``
@@ -217,15 +229,16 @@ def atomic_directory(path: str | os.PathLike, replace: bool = False) -> Iterator
 
     An existing empty ``path`` is replaced; a non-empty one only with ``replace``: it is renamed aside
     first (``.{name}.*.old``, removed afterwards), so ``path`` is the old or the new directory at every
-    moment but the one between the two renames.
+    moment but the one between the two renames. Every file and directory in it gets the umask's
+    default mode (:func:`default_mode`), whatever mode the library that wrote it chose (safetensors: 0o600).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f"{path.name}.", suffix=".tmp"))
     try:
-        tmp.chmod(0o755)  # mkdtemp makes it private; an export is for others to read
         yield tmp
         for file in [*tmp.rglob("*"), tmp]:  # the files' bytes, then the directory's entries
+            file.chmod(default_mode(file.is_dir()))  # mkdtemp's and safetensors' private modes: an export is for others
             fd = os.open(file, os.O_RDONLY)
             try:
                 os.fsync(fd)
