@@ -154,3 +154,14 @@ def expected_resume(run_dir: Path, stem: str = "pretrain_64", iters: int = 12) -
     saved = torch.load(last, weights_only=True, map_location="cpu")
     epoch, step = int(saved["epoch"]), int(saved["step"])
     return (epoch + 2, 1) if step >= iters else (epoch + 1, step + 1)
+
+
+def readme_script(replace: tuple[str, str] | None = None) -> str:
+    """The python block of the README's section "In your own Lightning script" (``replace``: one edit)."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## In your own Lightning script"):]
+    text = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    if replace is not None:
+        assert replace[0] in text, f"the README's script no longer has {replace[0]!r}"
+        text = text.replace(*replace)
+    return text

@@ -5,29 +5,17 @@ and weights; under DDP too; a checkpoint plugin of the user's is refused at setu
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, TINY_JSONL, TOKENIZER, Run, assert_resumed, cli_env, expected_resume, need_shared, run_cli
-
-
-def readme_script() -> str:
-    """The first python block of the README's section "In your own Lightning script"."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## In your own Lightning script"):]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+from conftest import TINY_JSONL, TOKENIZER, Run, assert_resumed, cli_env, expected_resume, need_shared, readme_script, run_cli
 
 
 def write_script(run_dir: Path, *, replace: tuple[str, str] | None = None) -> list[str]:
     run_dir.mkdir(parents=True, exist_ok=True)
-    text = readme_script()
-    if replace is not None:
-        assert replace[0] in text, f"the README's script no longer has {replace[0]!r}"
-        text = text.replace(*replace)
-    (run_dir / "train.py").write_text(text)
+    (run_dir / "train.py").write_text(readme_script(replace))
     return [sys.executable, "train.py"]
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import Run, assert_resumed, cli_env, need_shared, tiny_args
+from conftest import TINY_JSONL, TOKENIZER, Run, assert_resumed, cli_env, need_shared, readme_script, tiny_args
 from test_resume_exact import assert_same_tensors, assert_steps_match, final_state
 
 pytest.importorskip("s3fs")
@@ -91,11 +91,13 @@ def remote_args(s3: S3, *extra: str, epochs: int = 2) -> list[str]:
 
 
 def run_watching(cwd: Path, args: list[str], env: dict[str, str],
-                 react: Callable[[str, int], bool] = lambda line, n: False, timeout: float = 300) -> Run:
-    """The CLI in ``cwd``; ``react(line, committed_so_far)`` sees each stdout line, True: SIGKILL the run now."""
+                 react: Callable[[str, int], bool] = lambda line, n: False, timeout: float = 300,
+                 command: list[str] | None = None) -> Run:
+    """The CLI (or ``command``) in ``cwd``; ``react(line, committed_so_far)`` sees each stdout line, True:
+    SIGKILL the run now."""
     from conftest import LINE_RE
 
-    proc = subprocess.Popen([sys.executable, "-m", "lit_minimind.fit", *args], cwd=cwd, env=env,
+    proc = subprocess.Popen([*(command or [sys.executable, "-m", "lit_minimind.fit"]), *args], cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     out, committed = [], 0
     assert proc.stdout is not None
@@ -302,6 +304,38 @@ def test_ddp_run_killed_then_resumed_on_a_fresh_machine_from_the_bucket_is_bit_i
     assert_same_tensors(weights, ref_weights)
     assert_same_tensors(resume["state_dict"], ref_resume["state_dict"])
     assert "holds epoch 1 step 6" in resumed.stdout
+
+
+@pytest.mark.slow
+def test_own_script_with_a_bucket_killed_then_resumed_on_a_fresh_machine_is_bit_identical(tmp_path: Path, s3: S3) -> None:
+    """The README's own-script block with ``ResumeCallback(ckpt_dir="s3://...", out_dir="s3://...")``: SIGKILLed
+    after the first committed upload, rerun in an empty directory: ``ckpt_path="last"`` downloads the
+    bucket's newest checkpoint and the run ends with the uninterrupted run's weights, the bucket's too."""
+    need_shared()
+    data = [str(TINY_JSONL), str(TOKENIZER)]
+    dirs = {name: tmp_path / name for name in ("ref", "first", "fresh")}
+    bucket = ("ResumeCallback(save_interval=5)", f"ResumeCallback(save_interval=5, ckpt_dir={s3.url('run', 'checkpoints')!r}, "
+              f"out_dir={s3.url('run', 'out')!r})")
+    for name, d in dirs.items():
+        d.mkdir()
+        (d / "train.py").write_text(readme_script(None if name == "ref" else bucket))
+    script = [sys.executable, "train.py"]
+    ref = run_watching(dirs["ref"], data, cli_env(), command=script)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    killed = run_watching(dirs["first"], data, s3.env(), lambda line, n: n >= 1, command=script)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    want = remote_position(s3)
+    assert want is not None
+    resumed = run_watching(dirs["fresh"], data, s3.env(), command=script)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_resumed(resumed, *want)
+    assert_steps_match([killed, resumed], ref)
+    ref_weights, ref_resume = final_state(dirs["ref"], False)
+    weights, resume = final_state(dirs["fresh"], False)
+    assert_same_tensors(weights, ref_weights)
+    assert_same_tensors(resume["state_dict"], ref_resume["state_dict"])
+    remote_weights = torch.load(s3.fs().open(f"{s3.bucket}/run/out/pretrain_64.pth", "rb"), weights_only=True)
+    assert_same_tensors(remote_weights, ref_weights)  # the end of the run waited for its upload
 
 
 @pytest.mark.slow

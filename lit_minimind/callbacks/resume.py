@@ -10,6 +10,7 @@ DataModule's ``state_dict``, loop counters, optimizer, scaler, this callback's `
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 import uuid
 import warnings
@@ -105,6 +106,7 @@ class ResumeCallback(ModelCheckpoint):
         self._chosen: str | None = None  # global rank 0's choice, the file every rank loads
         self._saving_to: Path | None = None  # the checkpoint trainer.save_checkpoint is writing (for its shards)
         self.save_seconds: tuple[float, float | None] = (0.0, None)  # the last save: loop's wait, until committed
+        self.remote_holds = True  # a remote directory holds the newest save (checked at the end of the fit)
 
     # the CLI's --resume.* flags
     @property
@@ -366,7 +368,13 @@ class ResumeCallback(ModelCheckpoint):
         self._wait_for_writes(trainer)  # what was saved before the error is complete on disk
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """The end of a fit (Lightning calls it on the normal path only): every write is on disk, and with a
+        remote directory global rank 0 waits (``upload_timeout``) for the newest save's upload."""
         self._wait_for_writes(trainer)
+        if stage == TrainerFn.FITTING and self.remote is not None and trainer.is_global_zero:
+            self.remote_holds = self.remote.finish(self.upload_timeout)
+            if not self.remote_holds:
+                print(self.remote.behind_line(), file=sys.stderr, flush=True)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if int(trainer.fit_loop.epoch_loop.batch_progress.current.processed) >= int(trainer.num_training_batches):
