@@ -212,7 +212,8 @@ def test_the_sbatch_template_asks_for_the_signal_and_requeue_and_its_flags_parse
                          timeout=120)
     assert run.returncode == 0, run.stderr[-3000:]
     for expected in ("num_nodes: 2", "devices: '8'", "class_path: lightning.pytorch.strategies.DDPStrategy",
-                     "timeout: 0:10:00", "ckpt_path: last", "batch_size: 2", "accelerator: gpu"):
+                     "timeout: 0:10:00", "ckpt_path: last", "batch_size: 2", "accelerator: gpu",
+                     "hidden_size: 768"):  # --config minimind_pretrain: the packaged preset
         assert expected in run.stdout, expected
 
 

@@ -34,14 +34,13 @@ from lit_minimind.checkpoint.names import checkpoint_stem
 from lit_minimind.cli.export import export_after_fit
 from lit_minimind.cli.flags import help_epilog, mapping_line, name_origins, translate
 from lit_minimind.cli.from_weight import load_start_weights, weight_path
+from lit_minimind.cli.presets import DEFAULT_CONFIG, resolve_presets  # lit_minimind/conf, in the package
 from lit_minimind.cli.stage import apply_stage_defaults
 from lit_minimind.cli.validate import parse_error_line, validate
 from lit_minimind.data.datamodule import MiniMindDataModule
 from lit_minimind.errors import CheckpointError, DataError, UsageError
 from lit_minimind.model.module import LitMiniMind
 from lit_minimind.resume.io import SafeCheckpointIO, read_start_checkpoint, saved_wandb_id
-
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "conf" / "default.yaml"
 
 
 class MiniMindCLI(LightningCLI):
@@ -201,7 +200,7 @@ def run_fit(args: list[str] | None) -> int:
             LitMiniMind,
             MiniMindDataModule,
             run=False,
-            args=translation.args,
+            args=resolve_presets(translation.args),  # --config NAME: the packaged preset NAME.yaml
             # the embedded default is the base of every run; flags and --config presets override it;
             # parse errors are raised (not exit(2) with the usage) and printed as one line
             parser_kwargs={"default_config_files": [str(DEFAULT_CONFIG)], "exit_on_error": False,

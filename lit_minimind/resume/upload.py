@@ -73,10 +73,9 @@ class Uploader:
                 self._proc = self._start()
 
     def _start(self) -> subprocess.Popen:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]),
-                                                                         os.environ.get("PYTHONPATH")]))}
+        # the same interpreter and environment: it imports lit_minimind as this process did (installed, or the cwd's)
         proc = subprocess.Popen([sys.executable, "-m", "lit_minimind.resume.upload"], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, text=True, env=env, bufsize=1)
+                                stdout=subprocess.PIPE, text=True, bufsize=1)
         threading.Thread(target=self._read, args=(proc,), name="checkpoint-upload-events", daemon=True).start()
         return proc
 
