@@ -3,13 +3,14 @@ and the lines a run ends with. Each check runs the real command in a subprocess 
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import cli_env
+from conftest import cli_env, need_shared, tiny_args
 
 
 def run_module(module: str, *args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -93,3 +94,62 @@ def test_weights_checkpoints_and_exports_get_the_umask_default_mode(tmp_path: Pa
     modes = {f.relative_to(tmp_path).as_posix(): oct(f.stat().st_mode & 0o777) for f in files}
     assert set(modes.values()) == {"0o640"}, modes
     assert oct((tmp_path / "hf").stat().st_mode & 0o777) == "0o750"
+
+
+# ------------------------------------------------------------------ lines that say what happened
+SMALL = ["--model.hidden_size", "64", "--model.num_hidden_layers", "2", "--log_interval", "1",
+         "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+
+
+def test_a_stop_signal_is_not_reported_as_max_epochs_reached(tmp_path: Path) -> None:
+    """SIGTERM in the last epoch: "stopped by SIGTERM ..." and no "`Trainer.fit` stopped: `max_epochs=1`
+    reached." after it (Lightning counts the epoch the signal cut short as processed)."""
+    from test_preemption import run_and_signal
+
+    need_shared()
+    run = run_and_signal(tmp_path, tiny_args(epochs=1, save_interval=100), after_lines=3, signals=[signal.SIGTERM])
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "stopped by SIGTERM" in run.stderr, run.stderr[-3000:]
+    assert max(run.steps) < (1, 12)  # stopped mid-epoch
+    assert "`Trainer.fit` stopped" not in run.stderr + run.stdout, run.stderr[-3000:]
+
+
+def test_invalid_json_line_says_at_once(tmp_path: Path) -> None:
+    """Python's "Invalid control character at" message is not doubled: "... character at column 12"."""
+    data = tmp_path / "bad.jsonl"
+    data.write_text('{"text": "hello"}\n{"text": "a\tb"}\n')
+    run = run_module("lit_minimind.fit", "--data.data_path", str(data), "--trainer.max_steps", "1", *SMALL, cwd=tmp_path)
+    assert run.returncode == 2, run.stderr[-3000:]
+    assert error_lines(run.stderr) == [f"error: {data}: line 2: not valid JSON (Invalid control character at column 12)"]
+
+
+def test_a_run_that_trains_nothing_says_so_and_names_no_missing_directory(tmp_path: Path) -> None:
+    """``--trainer.max_epochs 0``: the summary says nothing was trained and points at no checkpoint
+    directory that was never created."""
+    run = run_module("lit_minimind.fit", "--trainer.max_epochs", "0", "--resume.ckpt_dir", "ck0", *SMALL, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    summary = run.stdout[run.stdout.index("== lit-minimind summary =="):]
+    assert "nothing was trained in this run (0 batches)" in summary
+    assert "resume checkpoints: - (none saved)" in summary and "ck0" not in summary, summary
+    assert not (tmp_path / "ck0").exists()
+
+
+def test_a_skipped_checkpoint_is_one_warning_line(tmp_path: Path) -> None:
+    """The newest checkpoint damaged: ``--ckpt_path last`` skips it with one line, not Python's warning
+    format with the source line (``rank_zero_warn(...)``) under it, and resumes from the one before."""
+    args = [*SMALL, "--resume.save_interval", "1", "--resume.async_save", "false"]
+    first = run_module("lit_minimind.fit", "--trainer.max_steps", "2", *args, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    newest = max((tmp_path / "checkpoints").glob("*.ckpt"), key=lambda p: p.stat().st_mtime_ns)
+    with open(newest, "r+b") as f:  # a flipped byte in the middle: its manifest's CRC-32 no longer matches
+        f.seek(newest.stat().st_size // 2)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    again = run_module("lit_minimind.fit", "--trainer.max_steps", "3", "--ckpt_path", "last", *args, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    lines = again.stderr.splitlines()
+    skipped = [i for i, line in enumerate(lines) if f"skipping checkpoint checkpoints/{newest.name}" in line]
+    assert skipped, again.stderr[-3000:]
+    assert "rank_zero_warn" not in again.stderr, again.stderr[-3000:]
+    assert all(i + 1 == len(lines) or not lines[i + 1].startswith("  ") for i in skipped), again.stderr[-3000:]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import logging
 import os
 import re
 import sys
@@ -101,12 +102,39 @@ class MiniMindCLI(LightningCLI):
         return super().instantiate_trainer(plugins=plugins, **kwargs)
 
     def instantiate_classes(self) -> None:
+        one_line_warnings()  # from here on the project's own warnings may come (checkpoints, resume)
         try:
             super().instantiate_classes()
         except (ValueError, TypeError, MisconfigurationException) as err:  # a value the classes refuse: a user error
             if isinstance(err, (DataError, UsageError)):
                 raise
             raise UsageError(str(err).strip().splitlines()[0]) from None
+        hide_limit_line_after_a_stop(next((cb for cb in self.trainer.callbacks if isinstance(cb, ResumeCallback)), None))
+
+
+class LimitLineAfterAStop(logging.Filter):
+    """Drops Lightning's "`Trainer.fit` stopped: `max_epochs=2` reached." when a stop signal ended the run
+    (the epoch a signal cuts short still counts as processed): the resume callback's "stopped by SIGTERM
+    ..." says what happened."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.resume: ResumeCallback | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        stopped = self.resume is not None and self.resume.stopped_by is not None
+        return not (stopped and record.getMessage().startswith("`Trainer.fit` stopped: `max_"))
+
+
+LIMIT_LINE_AFTER_A_STOP = LimitLineAfterAStop()
+RANK_ZERO_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")  # rank_zero_info's
+
+
+def hide_limit_line_after_a_stop(resume: ResumeCallback | None) -> None:
+    """Install :class:`LimitLineAfterAStop` for this run's resume callback (once per process; a later run's replaces it)."""
+    LIMIT_LINE_AFTER_A_STOP.resume = resume
+    for name in RANK_ZERO_LOGGERS:
+        logging.getLogger(name).addFilter(LIMIT_LINE_AFTER_A_STOP)  # addFilter adds it once
 
 
 def csv_logger_args(config: Any) -> list[dict[str, Any]]:
@@ -115,6 +143,26 @@ def csv_logger_args(config: Any) -> list[dict[str, Any]]:
     specs = specs if isinstance(specs, list) else [specs]
     return [dict(spec.get("init_args") or {}) for spec in specs
             if hasattr(spec, "get") and str(spec.get("class_path") or "").endswith("CSVLogger")]
+
+
+LIT_MINIMIND_DIR = Path(__file__).resolve().parents[1]
+
+
+def one_line_warnings() -> None:
+    """The project's own warnings (``skipping checkpoint ...``) as one line: Python's first line, without
+    the source line it prints under it (``rank_zero_warn(...)``), as Lightning prints its own. Wraps
+    ``warnings.formatwarning`` once per process."""
+    previous = warnings.formatwarning
+    if getattr(previous, "one_line", False):
+        return
+
+    def formatwarning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                      line: str | None = None) -> str:
+        ours = Path(filename).resolve().is_relative_to(LIT_MINIMIND_DIR)
+        return previous(message, category, filename, lineno, "" if ours else line)  # "": no source line
+
+    formatwarning.one_line = True  # type: ignore[attr-defined]
+    warnings.formatwarning = formatwarning
 
 
 _NO_KERNEL = re.compile(r"(\S+) does not have a deterministic implementation")
@@ -135,14 +183,17 @@ def summary(cli: MiniMindCLI, resume: ResumeCallback, console: MiniMindConsole, 
             exported: str | None = None) -> str:
     trainer = cli.trainer
     tokens_per_s = console.tokens / console.train_seconds if console.train_seconds else 0.0
+    ckpt_dir = Path(resume.ckpt_dir)
+    saved = ckpt_dir.is_dir() and any(ckpt_dir.iterdir())  # --trainer.max_epochs 0: never created
     lines = [
         "",
         "== lit-minimind summary ==",
+        *(["nothing was trained in this run (0 batches)"] if not console.batches else []),
         f"global steps: {trainer.global_step} (optimizer), batches this run: {console.batches}, epochs: {trainer.current_epoch}",
         f"loss: first {console.first_loss:.4f} -> last {console.last_loss:.4f}" if console.first_loss is not None else "loss: -",
         f"throughput: {tokens_per_s:,.0f} tokens/s over {console.train_seconds:.1f} s",
         f"fp16 weights: {resume.saved_files[0] if resume.saved_files else '-'}",
-        f"resume checkpoints: {resume.ckpt_dir}/ (resume with --ckpt_path last)",
+        f"resume checkpoints: {resume.ckpt_dir}/ (resume with --ckpt_path last)" if saved else "resume checkpoints: - (none saved)",
         f"logs: {log_dir}",
         *([f"Hugging Face export: {exported}"] if exported else []),
         *([resume.remote.summary()] if resume.remote is not None else []),

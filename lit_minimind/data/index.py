@@ -245,7 +245,7 @@ def parse_record(line: bytes, where: str) -> dict:
     except UnicodeDecodeError as exc:
         raise DataError(f"{where}: not valid UTF-8 ({exc.reason} at byte {exc.start})") from exc
     except json.JSONDecodeError as exc:
-        raise DataError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
+        raise DataError(f"{where}: not valid JSON ({exc.msg.removesuffix(' at')} at column {exc.colno})") from exc  # json's own "... at"
     if not isinstance(record, dict):
         raise DataError(f"{where}: expected a JSON object, got {json_type(record)}")
     return record

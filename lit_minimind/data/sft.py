@@ -258,7 +258,7 @@ def check_sft_record(record: dict, where: str) -> None:
                 try:
                     value = json.loads(value)
                 except json.JSONDecodeError as exc:
-                    raise DataError(f'{at}: "{field}" is a string but not valid JSON ({exc.msg})') from exc
+                    raise DataError(f'{at}: "{field}" is a string but not valid JSON ({exc.msg.removesuffix(" at")})') from exc
             if value not in (None, "") and not isinstance(value, list):
                 raise DataError(f'{at}: "{field}" must be an array (or its JSON string), got {_json_type(value)}')
     if not has_answer:
