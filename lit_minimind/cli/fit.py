@@ -21,7 +21,6 @@ from typing import Any
 
 import torch
 from jsonargparse import ArgumentError
-from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
@@ -29,9 +28,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lit_minimind.callbacks import MiniMindConsole, ResumeCallback
 from lit_minimind.callbacks.preemption import LOST_PEER_EXIT, STOP, cluster_plugins, lost_peer_advice, requeue_if_preempted
 from lit_minimind.callbacks.progress import MiniMindProgressBar
-from lit_minimind.callbacks.remote import REMOTE_BEHIND_EXIT, choose_with_remote
-from lit_minimind.callbacks.wandb_run import continue_wandb_run
-from lit_minimind.checkpoint.names import checkpoint_stem
+from lit_minimind.callbacks.remote import REMOTE_BEHIND_EXIT
 from lit_minimind.cli.export import export_after_fit
 from lit_minimind.cli.flags import help_epilog, mapping_line, name_origins, translate
 from lit_minimind.cli.from_weight import load_start_weights, weight_path
@@ -41,7 +38,6 @@ from lit_minimind.cli.validate import parse_error_line, validate
 from lit_minimind.data.datamodule import MiniMindDataModule
 from lit_minimind.errors import CheckpointError, DataError, UsageError
 from lit_minimind.model.module import LitMiniMind
-from lit_minimind.resume.io import SafeCheckpointIO, read_start_checkpoint, saved_wandb_id
 
 
 class MiniMindCLI(LightningCLI):
@@ -93,11 +89,9 @@ class MiniMindCLI(LightningCLI):
             self.trainer_defaults["callbacks"] = [MiniMindProgressBar()]  # 1-based epochs, as the console
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
-        """Our checkpoint storage (atomic, verified, reads MiniMind files) joins the ``--trainer.plugins`` given."""
+        """SLURM's plugins join the ``--trainer.plugins`` given (ResumeCallback installs its checkpoint storage)."""
         plugins = (self.config_init.get("trainer") or {}).get("plugins")
         plugins = [] if plugins is None else list(plugins) if isinstance(plugins, list) else [plugins]
-        if not any(isinstance(p, CheckpointIO) for p in plugins):
-            plugins.append(SafeCheckpointIO())
         plugins += cluster_plugins(plugins, (self.config_init.get("trainer") or {}).get("strategy"))  # SLURM: SIGUSR1 is ours
         return super().instantiate_trainer(plugins=plugins, **kwargs)
 
@@ -135,14 +129,6 @@ def hide_limit_line_after_a_stop(resume: ResumeCallback | None) -> None:
     LIMIT_LINE_AFTER_A_STOP.resume = resume
     for name in RANK_ZERO_LOGGERS:
         logging.getLogger(name).addFilter(LIMIT_LINE_AFTER_A_STOP)  # addFilter adds it once
-
-
-def csv_logger_args(config: Any) -> list[dict[str, Any]]:
-    """The constructor arguments of the configured CSV loggers (``--trainer.logger``), in order."""
-    specs = config.get("trainer.logger")
-    specs = specs if isinstance(specs, list) else [specs]
-    return [dict(spec.get("init_args") or {}) for spec in specs
-            if hasattr(spec, "get") and str(spec.get("class_path") or "").endswith("CSVLogger")]
 
 
 LIT_MINIMIND_DIR = Path(__file__).resolve().parents[1]
@@ -263,19 +249,8 @@ def run_fit(args: list[str] | None) -> int:
         )
         resume = next(cb for cb in cli.trainer.callbacks if isinstance(cb, ResumeCallback))
         console = next(cb for cb in cli.trainer.callbacks if isinstance(cb, MiniMindConsole))
-        stem = checkpoint_stem(resume.weight, cli.model.config.hidden_size, cli.model.config.use_moe)
-        ckpt_path = choose_with_remote(cli.config.get("ckpt_path"), resume.remote, resume.ckpt_dir, stem,
-                                       cli.trainer.global_rank)  # a remote ckpt_dir: rank 0 downloads a newer one
-        resume.resume_from(ckpt_path)  # under DDP every rank then loads global rank 0's choice
-        if resume.remote is not None and cli.trainer.is_global_zero:
-            resume.remote.uploader.start()  # the upload process starts up while the trainer does
-        if ckpt_path and cli.trainer.is_global_zero:  # verified and read once; what the start needs comes from this read
-            start_ckpt = read_start_checkpoint(ckpt_path)
-            continue_wandb_run(cli.trainer, saved_wandb_id(start_ckpt))  # before Lightning starts the wandb run
-            console.continue_logs(cli.trainer, start_ckpt, csv_logger_args(cli.config))  # the checkpoint's log directory
-            if isinstance(cli.trainer.strategy.checkpoint_io, SafeCheckpointIO):  # Lightning's restore reads no file
-                cli.trainer.strategy.checkpoint_io.hand_over(ckpt_path, start_ckpt)
-            del start_ckpt
+        # what trainer.fit(ckpt_path="last") would choose, chosen here: --from_weight depends on it
+        ckpt_path = resume.choose(cli.trainer, cli.model, cli.config.get("ckpt_path"))
         start = weight_path(cli.config.get("from_weight"), resume.out_dir, cli.model.config.hidden_size,
                             cli.model.config.use_moe)
         if start is not None and (ckpt_path is None or cli.model.needs_start_weights):
@@ -303,14 +278,11 @@ def run_fit(args: list[str] | None) -> int:
         print(advice, file=sys.stderr, flush=True)
         return LOST_PEER_EXIT
     log_dir = cli.trainer.log_dir  # a collective under DDP: every rank asks
-    # a remote checkpoint directory: rank 0 waits (bounded) for the newest save's upload
-    remote_holds = resume.remote.finish(resume.upload_timeout) if resume.remote and cli.trainer.is_global_zero else True
     if cli.trainer.is_global_zero:
         print(summary(cli, resume, console, log_dir, exported), flush=True)
     # SLURM + SIGUSR1: rank 0 requeues the job, now that the stop's checkpoint is committed on disk
     code = requeue_if_preempted(cli.trainer, resume.stopped_by, cli.config.get("ckpt_path"))
-    if not remote_holds and code == 0:
-        print(resume.remote.behind_line(), file=sys.stderr, flush=True)
+    if not resume.remote_holds and code == 0:  # said by the callback at the end of the fit
         code = REMOTE_BEHIND_EXIT
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()  # a clean exit for every rank
