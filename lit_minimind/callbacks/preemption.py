@@ -20,8 +20,10 @@ STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1")
 class StopRequest:
     """Records the first SIGTERM / SIGINT / SIGUSR1; a second SIGINT aborts at once (exit 130).
 
-    One per process (:data:`STOP`): ``python -m lit_minimind.fit`` installs it first thing, so a
-    signal during start-up is recorded too; :class:`lit_minimind.callbacks.ResumeCallback` installs it again
+    One per process (:data:`STOP`): ``python -m lit_minimind.fit`` handles the stop signals from its first
+    line (:func:`lit_minimind.fit.record_stop_signal`, before the seconds of imports) and installs this
+    as soon as it is imported, so a signal during start-up is recorded too;
+    :class:`lit_minimind.callbacks.ResumeCallback` installs it again
     when training starts, replacing the SIGTERM handler Lightning registers just before.
 
     A handler only records the signal (and prints one line); ranks agree at the next optimizer step.
@@ -42,16 +44,25 @@ class StopRequest:
         return self.signal_name is not None
 
     def install(self) -> None:
-        """Handle the stop signals (main thread only; idempotent)."""
+        """Handle the stop signals (main thread only; idempotent). Takes over from the start-up handler
+        of ``python -m lit_minimind.fit`` (:func:`lit_minimind.fit.record_stop_signal`): a signal it
+        recorded during the imports counts as requested here (no line: the stop prints its own)."""
         if threading.current_thread() is not threading.main_thread():
             return
+        early: list[str] = []
         for name in STOP_SIGNALS:
             signum = getattr(signal, name, None)
             if signum is None:
                 continue
             previous = signal.signal(signum, self._handle)
+            received = getattr(previous, "stop_signals_received", None)
+            if received is not None:  # the start-up handler: restore what it replaced, not it
+                early = received
+                previous = previous.replaced.get(signum, signal.SIG_DFL)
             if previous is not self._handle:  # a bound method compares equal to itself
                 self._previous.setdefault(signum, previous)
+        if early and self.signal_name is None:  # read once every handler is ours: none is lost in between
+            self.signal_name = early[0]
 
     def uninstall(self) -> None:
         for signum, previous in self._previous.items():
@@ -124,6 +135,24 @@ def slurm_job_id() -> str:
     if array_job is not None and "SLURM_ARRAY_TASK_ID" in os.environ:
         return f"{array_job}_{os.environ['SLURM_ARRAY_TASK_ID']}"
     return os.environ["SLURM_JOB_ID"]
+
+
+def stops_at_once(signal_name: str | None) -> bool:
+    """Whether a stop signal received while ``python -m lit_minimind.fit`` was importing may end the process
+    at once, before anything is parsed or built (:func:`lit_minimind.fit.main`). Not in a job of processes
+    launched together (torchrun, the children of Lightning's DDP launcher, ``srun`` tasks, a multi-node
+    launch by hand): a peer that did not get the signal would wait for this one; nor SIGUSR1 under SLURM,
+    whose requeue (:func:`requeue_if_preempted`) needs the trainer. Those stop where the ranks agree,
+    before the first batch (``ResumeCallback.on_train_start``), as a signal later in start-up does."""
+    if signal_name is None:
+        return False
+    peers = any(name in os.environ for name in ("LOCAL_RANK", "NODE_RANK", "MASTER_ADDR", "TORCHELASTIC_RUN_ID"))
+    for name in ("WORLD_SIZE", "SLURM_NTASKS"):
+        try:
+            peers = peers or int(os.environ.get(name, "1")) > 1
+        except ValueError:
+            peers = True
+    return not peers and not (signal_name == REQUEUE_SIGNAL and under_slurm())
 
 
 def cluster_plugins(plugins: list[Any], strategy: Any = None) -> list[Any]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import lightning
 import torch
 from torch import nn
 
@@ -54,6 +53,8 @@ def add_minimind_keys(checkpoint: dict[str, Any], *, step: int, world_size: int,
 
 def to_lightning(ckpt: dict[str, Any]) -> dict[str, Any]:
     """An original MiniMind resume dict as a Lightning checkpoint dict (loop counters left to the resume)."""
+    import lightning  # here, not at the top: `import lit_minimind`, inspect, export and generate never load Lightning
+
     position = {"epoch": int(ckpt["epoch"]), "step": int(ckpt["step"]), "world_size": int(ckpt.get("world_size") or 1)}
     converted: dict[str, Any] = {
         "state_dict": {MODULE_PREFIX + k: v.float() for k, v in ckpt["model"].items()},
