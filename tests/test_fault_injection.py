@@ -38,7 +38,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
 def test_fault_in_a_save_stops_clearly_and_resumes_exactly(tmp_path: Path, reference: dict, op: str, kind: str,
                                                           code: str) -> None:
     args = tiny_args(epochs=1, accumulate=2, save_interval=5)
-    # the second save (step 10) fails; the first (step 5) is complete
+    # the second save (step 10) fails; the first (due at step 5, taken at its optimizer step 6) is complete
     failed = run_cli(tmp_path, args, env=cli_env(LIT_MINIMIND_TEST_FAIL=f"{op}:{FILES[kind]}:2:{code}"))
     assert failed.returncode == 2, failed.stderr[-2000:]
     errors = [line for line in failed.stderr.splitlines() if line.startswith("error:")]
@@ -49,9 +49,9 @@ def test_fault_in_a_save_stops_clearly_and_resumes_exactly(tmp_path: Path, refer
 
     resumed = run_cli(tmp_path, args + ["--ckpt_path", "last"])
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    # a fault before the checkpoint itself was in place: from the step-5 save; after it (in the
+    # a fault before the checkpoint itself was in place: from the step-6 save; after it (in the
     # MiniMind files, or in the checkpoint's directory fsync, the file renamed already): from step 10's
-    at = (1, 11) if kind != "checkpoint" or op == "dirfsync" else (1, 6)
+    at = (1, 11) if kind != "checkpoint" or op == "dirfsync" else (1, 7)
     assert_resumed(resumed, *at)
     # every step the uninterrupted run trained from there, with its values
     assert resumed.steps == {key: values for key, values in reference["steps"].items() if key >= at}

@@ -74,7 +74,8 @@ def test_seeded_kill_trials_each_end_bit_identical_rest(tmp_path: Path) -> None:
 def _partial_run(tmp_path: Path, *extra: str) -> tuple[Path, list[str]]:
     need_shared()
     args = tiny_args(epochs=1, accumulate=2, save_interval=3) + list(extra)
-    # killed right after the 9th file commit: the step-9 save's export (saves at 3, 6, 9 complete)
+    # saves fall due at 3, 6, 9 and are taken at their optimizer step (4, 6, 10); killed right after the
+    # 9th file commit: the step-10 save's export (saves at 4, 6, 10 complete)
     killed = run_cli(tmp_path, args, env=cli_env(LIT_MINIMIND_TEST_STOP_AFTER_SAVE="9"))
     assert killed.returncode == -9 and "@@stopped-after-save" in killed.stdout and "pretrain_64.pth" in killed.stdout
     return tmp_path / "checkpoints", args
@@ -83,7 +84,7 @@ def _partial_run(tmp_path: Path, *extra: str) -> tuple[Path, list[str]]:
 def test_last_falls_back_past_corrupted_and_truncated_checkpoints(tmp_path: Path) -> None:
     ckpt_dir, args = _partial_run(tmp_path, "--resume.keep_last", "3")
     by_step = sorted(ckpt_dir.glob("*.ckpt"), key=lambda p: int(p.name.split("_s")[1].split("_")[0]))
-    newest, second = by_step[-1], by_step[-2]  # steps 9 and 6
+    newest, second = by_step[-1], by_step[-2]  # steps 10 and 6
     resume_pth = ckpt_dir / "pretrain_64_resume.pth"  # a hard link to the newest: the same bytes on disk
     assert os.path.samefile(resume_pth, newest)
     data = bytearray(newest.read_bytes())
@@ -95,7 +96,7 @@ def test_last_falls_back_past_corrupted_and_truncated_checkpoints(tmp_path: Path
     assert f"skipping checkpoint checkpoints/{newest.name}: checksum (crc32) differs" in run.stderr
     assert f"skipping checkpoint checkpoints/{resume_pth.name}: checksum (crc32) differs" in run.stderr
     assert f"skipping checkpoint checkpoints/{second.name}: size" in run.stderr
-    assert_resumed(run, 1, 4)
+    assert_resumed(run, 1, 5)
 
 
 @pytest.mark.parametrize("kind", ["empty", "truncated", "foreign", "weights_only_export"])
@@ -170,10 +171,10 @@ def test_full_disk_stops_with_clear_error_and_keeps_previous_checkpoint(tmp_path
                           capture_output=True, text=True, timeout=300, preexec_fn=_limit_file_size)
     # every checkpoint (> 3 MB) fails: the first save stops the run, non-zero, saying why
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert "could not save the checkpoint at epoch 1 step 3" in proc.stderr
+    assert "could not save the checkpoint at epoch 1 step 4" in proc.stderr  # due at 3, taken at its optimizer step
     assert "File too large" in proc.stderr or "No space" in proc.stderr
     # did not train on: a synchronous save stops at once; a background one at the next batch after it failed
-    assert "Epoch:[1/1](4/12)" not in proc.stdout if not async_save else "Epoch:[1/1](12/12)" not in proc.stdout
+    assert "Epoch:[1/1](5/12)" not in proc.stdout if not async_save else "Epoch:[1/1](12/12)" not in proc.stdout
     assert not list((tmp_path / "checkpoints").glob("*.tmp"))
 
 
@@ -195,7 +196,7 @@ def test_read_only_checkpoint_dir_after_a_good_save_keeps_it(tmp_path: Path) -> 
     if "unshare failed" in proc.stderr or "mount:" in proc.stderr:
         pytest.skip(f"no privilege for a read-only bind mount: {proc.stderr[:200]}")
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert_resumed(proc.stderr, 1, 10)  # from the step-9 save, then its step-12 save fails
+    assert_resumed(proc.stderr, 1, 11)  # from the step-10 save, then its step-12 save fails
     assert "could not save the checkpoint at epoch 1 step 12" in proc.stderr
     assert "Read-only file system" in proc.stderr or "Permission denied" in proc.stderr
     assert {p.name: p.read_bytes() for p in ckpt_dir.iterdir() if p.name in before} == before
@@ -224,9 +225,9 @@ def test_resume_with_other_batch_size_fails(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_really_full_filesystem_stops_the_run_and_the_resume_is_exact(tmp_path: Path) -> None:
-    """checkpoints/ on a 12 MB tmpfs (a private mount namespace): the step-3 save (7.5 MB) fits, the
-    step-6 one does not (ENOSPC from the kernel, no injection). The run stops with exit 2 naming it; the
-    files on that filesystem, copied out, resume exactly from step 3."""
+    """checkpoints/ on a 12 MB tmpfs (a private mount namespace): the step-4 save (7.5 MB; due at 3, taken
+    at its optimizer step) fits, the step-6 one does not (ENOSPC from the kernel, no injection). The run
+    stops with exit 2 naming it; the files on that filesystem, copied out, resume exactly from step 4."""
     need_shared()
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("needs root and unshare(1) for a private tmpfs")
@@ -248,14 +249,14 @@ def test_a_really_full_filesystem_stops_the_run_and_the_resume_is_exact(tmp_path
     assert "could not save the checkpoint at epoch 1 step 6" in error and "No space left on device" in error, error
     assert "Traceback" not in proc.stderr
     assert not list(kept.glob("*.tmp")), "the failed write left its tmp file"
-    assert [p.name for p in kept.glob("*.ckpt")] and all("_s3_" in p.name for p in kept.glob("*.ckpt"))
+    assert [p.name for p in kept.glob("*.ckpt")] and all("_s4_" in p.name for p in kept.glob("*.ckpt"))
 
     shutil.rmtree(run_dir / "checkpoints")
     shutil.copytree(kept, run_dir / "checkpoints")  # the full filesystem's files, now on a disk with room
     resumed = run_cli(run_dir, args + ["--ckpt_path", "last"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert_resumed(resumed, 1, 4)
-    assert resumed.steps == {key: values for key, values in ref.steps.items() if key >= (1, 4)}
+    assert_resumed(resumed, 1, 5)
+    assert resumed.steps == {key: values for key, values in ref.steps.items() if key >= (1, 5)}
     ref_out = torch.load(ref_dir / "out" / "pretrain_64.pth", weights_only=True)
     out = torch.load(run_dir / "out" / "pretrain_64.pth", weights_only=True)
     assert out.keys() == ref_out.keys() and all(torch.equal(out[k], ref_out[k]) for k in ref_out)

@@ -137,20 +137,20 @@ def test_micro_step_continues_across_a_world_size_change(tmp_path: Path) -> None
     """Two processes (DDP), SIGKILLed inside the epoch-end save; resumed on one: the step axis
     (``micro_step``, micro-batches trained so far) goes on from the checkpoint's, without a gap."""
     need_shared()
-    two = tiny_args(epochs=2, accumulate=2, save_interval=5, devices=2) + ["--ckpt_path", "last"]
-    one = tiny_args(epochs=2, accumulate=2, save_interval=5, devices=1) + ["--ckpt_path", "last"]
-    half = run_cli(tmp_path, two, env=cli_env(LIT_MINIMIND_TEST_STOP_IN_SAVE="2:.ckpt"))  # step 5's save is complete
+    two = tiny_args(epochs=2, accumulate=2, save_interval=4, devices=2) + ["--ckpt_path", "last"]
+    one = tiny_args(epochs=2, accumulate=2, save_interval=4, devices=1) + ["--ckpt_path", "last"]
+    half = run_cli(tmp_path, two, env=cli_env(LIT_MINIMIND_TEST_STOP_IN_SAVE="2:.ckpt"))  # step 4's save is complete
     assert half.returncode == -9 and "@@stopped-in-save" in half.stdout
     single = run_cli(tmp_path, one)
     assert single.returncode == 0, single.stderr[-3000:]
-    assert "world size changed (2→1): step 5 → 10" in single.stderr
-    assert_resumed(single, 1, 11)
+    assert "world size changed (2→1): step 4 → 8" in single.stderr
+    assert_resumed(single, 1, 9)
     rows = csv_rows(tmp_path)
     steps = [int(r["micro_step"]) for r in rows if r.get("micro_step")]
-    # 5 micro-batches per rank on two processes, then 2 + 12 on one
-    assert steps == list(range(1, 20)), steps
+    # 4 micro-batches per rank on two processes, then 4 + 12 on one
+    assert steps == list(range(1, 21)), steps
     epochs = [float(r["epoch"]) for r in rows if r.get("micro_step")]
-    assert epochs == [0.0] * 7 + [1.0] * 12
+    assert epochs == [0.0] * 8 + [1.0] * 12
 
 
 def test_metrics_csv_is_cut_back_to_the_checkpoint_and_survives_a_kill_while_continuing(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
-"""The GradScaler and partial gradients across resumes: the scale is restored from every format,
-partial gradients are saved unscaled and applied correctly under another precision."""
+"""The GradScaler across resumes (the scale is restored from every format), deterministic kernels, and
+saves held to optimizer-step boundaries."""
 
 from __future__ import annotations
 
@@ -71,29 +71,26 @@ def test_moved_scale_is_restored(tmp_path: Path, source: str) -> None:
     assert after["scaler"]["scale"] == saved[6]["scaler"]["scale"], "the scale was not restored"
 
 
-@pytest.mark.parametrize("precision", ["32-true", pytest.param("bf16-mixed", marks=pytest.mark.slow)])
-def test_partial_gradients_survive_a_change_of_precision(tmp_path: Path, precision: str) -> None:
-    """Saved mid-window (batch 5 of a 2-batch window) by an fp16 run with a GradScaler, resumed under
-    another precision: the window's update equals the uninterrupted run's up to precision noise
-    (with scaled gradients it would be off by orders of magnitude)."""
+def test_saves_wait_for_the_window_s_optimizer_step_and_a_minimind_mid_window_file_says_what_it_lacks(
+        tmp_path: Path) -> None:
+    """save_interval 1 under 2-batch accumulation: every save is taken at an optimizer-step boundary (no
+    checkpoint holds half a window); an original MiniMind file saved mid-window (step 5) still resumes,
+    with one line saying its partial gradient is not there (as in MiniMind's own resume)."""
     need_shared()
     args = tiny_args(epochs=1, accumulate=2, save_interval=1) + ["--resume.keep_last", "100"]
     (tmp_path / "ref").mkdir()
     ref = run_cli(tmp_path / "ref", args + FP16)
     assert ref.returncode == 0, ref.stderr[-2000:]
-    before = torch.load(only(tmp_path / "ref", "*_e0_s5_*.ckpt"), weights_only=True)
-    shards = before["lit_minimind"]["shards"]
-    assert [s["rank"] for s in shards] == [0], "the step-5 save has the window's partial gradients in a shard"
-    after_ref = torch.load(only(tmp_path / "ref", "*_e0_s6_*.ckpt"), weights_only=True)
+    steps = sorted(int(p.name.split("_s")[1].split("_")[0]) for p in (tmp_path / "ref" / "checkpoints").glob("*.ckpt"))
+    assert steps == [2, 4, 6, 8, 10, 12]
+    step4 = torch.load(only(tmp_path / "ref", "*_e0_s4_*.ckpt"), weights_only=True)
+    assert set(step4["lit_minimind"]) == {"format", "world_size", "ranks"}  # RNG only: nothing half-accumulated
 
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints").mkdir(parents=True)
-    shutil.copy(only(tmp_path / "ref", "*_e0_s5_*.ckpt"), run_dir / "checkpoints" / "from.ckpt")
-    shutil.copy(tmp_path / "ref" / "checkpoints" / shards[0]["file"], run_dir / "checkpoints")  # a copy takes its shard
-    resumed = run_cli(run_dir, args + ["--trainer.precision", precision, "--ckpt_path", "checkpoints/from.ckpt"])
+    minimind = {k: step4[k] for k in ("model", "optimizer", "world_size", "wandb_id", "scaler")}
+    torch.save({**minimind, "epoch": 0, "step": 5}, run_dir / "checkpoints" / "pretrain_64_resume.pth")
+    resumed = run_cli(run_dir, args + FP16 + ["--ckpt_path", "last"])
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert_resumed(resumed, 1, 6)
-    after = torch.load(only(run_dir, "*_e0_s6_*.ckpt"), weights_only=True)
-    for key, w0 in before["state_dict"].items():
-        ref_delta, delta = after_ref["state_dict"][key] - w0, after["state_dict"][key] - w0
-        assert (delta - ref_delta).norm() <= 0.1 * ref_delta.norm() + 1e-7, key
+    assert resumed.stderr.count("holds no partial gradients") == 1, resumed.stderr[-2000:]

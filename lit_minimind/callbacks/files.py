@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from lit_minimind.callbacks.runs import describe_resume_link, prune_runs, usable_resume_link
 from lit_minimind.checkpoint.atomic import atomic_link, atomic_save, read_manifest
-from lit_minimind.checkpoint.names import SHARD_SUFFIX, manifest_path, minimind_file_names
+from lit_minimind.checkpoint.names import minimind_file_names
 from lit_minimind.checkpoint.read import verify_checkpoint, verify_manifest
 from lit_minimind.errors import CheckpointError
 from lit_minimind.resume.io import SafeCheckpointIO
@@ -23,15 +24,20 @@ class CheckpointFiles:
 
     * ``{ckpt_dir}/{stem}_e{epoch}_s{step}_g{global_step}_{run_id}.ckpt``: one per save (the
       Lightning checkpoint, also MiniMind's resume dict); the newest ``keep_last`` of this run stay;
-      ``run_id`` keeps runs apart, so a fresh run never replaces or prunes another run's files.
+      ``run_id`` keeps runs apart, so a fresh run never replaces or prunes another run's files, unless
+      ``keep_runs`` is set: then only the newest ``keep_runs`` runs' files stay (:mod:`lit_minimind.callbacks.runs`).
     * ``{ckpt_dir}/{stem}_resume.pth``: a hard link to the newest of them (MiniMind's name).
     * ``{out_dir}/{stem}.pth``: MiniMind's fp16 weight export, written after the checkpoint.
     """
 
-    def __init__(self, ckpt_dir: str | Path, out_dir: str | Path, weight: str, keep_last: int) -> None:
+    def __init__(self, ckpt_dir: str | Path, out_dir: str | Path, weight: str, keep_last: int,
+                 keep_runs: int | None = None) -> None:
         if keep_last < 1:
             raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+        if keep_runs is not None and keep_runs < 1:
+            raise ValueError(f"keep_runs must be >= 1 (or unset: every run's files stay), got {keep_runs}")
         self.ckpt_dir, self.out_dir, self.weight, self.keep_last = Path(ckpt_dir), Path(out_dir), weight, keep_last
+        self.keep_runs, self._runs_pruned = keep_runs, False
 
     def checkpoint(self, stem: str, epoch: int, step: int, global_step: int, run_id: str) -> Path:
         return self.ckpt_dir / f"{stem}_e{epoch}_s{step}_g{global_step}_{run_id}.ckpt"
@@ -68,26 +74,15 @@ class CheckpointFiles:
         return True
 
     def prune(self, stem: str, run_id: str) -> None:
-        """Keep the newest ``keep_last`` checkpoints of this run (never another run's files), and delete
-        this run's gradient shards whose checkpoint was never committed (a kill between the shards and
-        the commit) from before the newest checkpoint; newer ones may belong to a save in flight."""
+        """Keep the newest ``keep_last`` checkpoints of this run (never another run's files); with
+        ``keep_runs``, at this process's first save, only the newest ``keep_runs`` runs' checkpoints."""
         ours = sorted((p for p in self.ckpt_dir.glob(f"{stem}_e*_s*_g*.ckpt") if read_manifest(p).get("run_id") == run_id),
                       key=save_order_key, reverse=True)
         for old in ours[self.keep_last:]:
             SafeCheckpointIO().remove_checkpoint(old)
-        newest = _global_step(ours[0].name, stem, run_id) if ours else None
-        for shard in self.ckpt_dir.glob(f"{stem}_e*_s*_g*_{run_id}.ckpt.rank*{SHARD_SUFFIX}"):
-            checkpoint = shard.parent / shard.name[:shard.name.index(".ckpt.rank") + len(".ckpt")]
-            step = _global_step(checkpoint.name, stem, run_id)
-            if newest is not None and step is not None and step < newest and not manifest_path(checkpoint).exists():
-                for p in (shard, manifest_path(shard)):
-                    p.unlink(missing_ok=True)
-
-
-def _global_step(name: str, stem: str, run_id: str) -> int | None:
-    """The global step in a checkpoint's file name (:meth:`CheckpointFiles.checkpoint`), or None."""
-    match = re.fullmatch(rf"{re.escape(stem)}_e\d+_s\d+_g(\d+)_{re.escape(run_id)}\.ckpt", name)
-    return int(match.group(1)) if match else None
+        if self.keep_runs is not None and not self._runs_pruned:
+            self._runs_pruned = True
+            prune_runs(self.ckpt_dir, stem, run_id, self.keep_runs)
 
 
 def save_order_key(path: Path) -> tuple[int, bool]:
@@ -103,14 +98,15 @@ def resolve_last(ckpt_dir: str | Path, stem: str, verify: bool = True) -> Path |
     is none at all.
 
     Candidates: our checkpoints and MiniMind's ``{stem}_resume.pth`` (ours, or one written by original
-    MiniMind). The newest save wins, as Lightning's own ``last`` does; a damaged file is skipped with a
+    MiniMind: chosen, a line says so; ours whose ``.ckpt`` is gone is skipped with a line:
+    :func:`lit_minimind.callbacks.runs.usable_resume_link`). The newest save wins, as Lightning's own ``last`` does; a damaged file is skipped with a
     warning naming it and why. When files exist but none is usable it raises (never a silent fresh start).
     ``verify=False``: the newest candidate, unread (what a DDP rank other than 0 looks at).
     """
     ckpt_dir = Path(ckpt_dir)
     candidates = list(ckpt_dir.glob(f"{stem}_e*_s*_g*.ckpt"))
     minimind_resume = ckpt_dir / minimind_file_names(stem)[1]
-    if minimind_resume.exists():
+    if minimind_resume.exists() and usable_resume_link(minimind_resume, stem):
         candidates.append(minimind_resume)
     problems = []
     for path in sorted(candidates, key=save_order_key, reverse=True):
@@ -122,6 +118,8 @@ def resolve_last(ckpt_dir: str | Path, stem: str, verify: bool = True) -> Path |
             rank_zero_warn(f"skipping checkpoint {err}")
             problems.append(str(err))
             continue
+        if path == minimind_resume and (kind := describe_resume_link(path, stem)):
+            rank_zero_info(kind)
         return path
     if problems:
         raise CheckpointError(

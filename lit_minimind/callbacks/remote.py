@@ -21,7 +21,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from lit_minimind.callbacks.files import choose_checkpoint, resolve_last
 from lit_minimind.checkpoint.atomic import read_manifest
-from lit_minimind.checkpoint.names import SHARDS_FIELD, minimind_file_names
+from lit_minimind.checkpoint.names import minimind_file_names
 from lit_minimind.checkpoint.remote import RemoteDir, is_url
 from lit_minimind.errors import CheckpointError
 from lit_minimind.resume.upload import UPLOAD_DIR, Uploader, describe, link_for_upload
@@ -29,11 +29,6 @@ from lit_minimind.resume.upload import UPLOAD_DIR, Uploader, describe, link_for_
 REMOTE_BEHIND_EXIT = 5  # training ended, but the remote does not hold the newest checkpoint
 STAGING = {"ckpt_dir": "checkpoints", "out_dir": "out"}  # local staging directories of remote ones
 _LABEL = ("epoch", "step", "global_step")
-
-
-def shard_names(manifest: dict[str, Any]) -> list[str]:
-    """The partial-gradient shard files a checkpoint's manifest lists (beside it, on every side)."""
-    return [Path(str(entry["file"])).name for entry in manifest.get(SHARDS_FIELD) or [] if entry.get("file")]
 
 
 def staging_dir(flag: str, value: str) -> str:
@@ -68,13 +63,8 @@ class RemoteCheckpoints:
         tag = f"{os.getpid()}-{time.monotonic_ns()}"
         steps: list[list[Any]] = []
         links: list[str] = []
-        commit = 0
+        commit = 0  # the step that commits the save on the remote: the checkpoint's upload
         if self.ckpt is not None:
-            for shard in shard_names(manifest):  # partial-gradient shards before the checkpoint that lists them
-                link = str(link_for_upload(checkpoint.parent / shard, tag))
-                links.append(link)
-                steps.append(["upload", self.ckpt.url, link, shard, read_manifest(checkpoint.parent / shard)])
-            commit = len(steps)
             link = str(link_for_upload(checkpoint, tag))
             links.append(link)
             steps.append(["upload", self.ckpt.url, link, checkpoint.name, manifest])
@@ -122,8 +112,6 @@ class RemoteCheckpoints:
                 return None
             target = Path(local_dir) / name
             try:
-                for shard, entry in zip(shard_names(manifest), manifest.get(SHARDS_FIELD) or []):
-                    self.ckpt.download_shard(shard, entry, Path(local_dir) / shard)  # type: ignore[union-attr]
                 self.ckpt.download(name, manifest, target)  # type: ignore[union-attr]
             except CheckpointError as err:
                 rank_zero_warn(f"skipping remote checkpoint {err}")

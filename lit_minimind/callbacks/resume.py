@@ -37,7 +37,7 @@ from lit_minimind.resume.io import SafeCheckpointIO, read_start_checkpoint, save
 from lit_minimind.resume.library import library_versions
 from lit_minimind.resume.loop_state import loops_at
 from lit_minimind.resume.position import optimizer_steps, window_complete, world_size_change
-from lit_minimind.resume.rank_state import apply_gradients, rank_training_state, save_rank_states
+from lit_minimind.resume.rank_state import rank_rng_state, save_rank_states
 from lit_minimind.resume.rng import set_rng_state
 from lit_minimind.resume.scaler import adopt_scaler_state
 
@@ -98,13 +98,15 @@ class ResumeCallback(ModelCheckpoint):
         self.resume_records: dict[str, Any] = {}  # every resume of this run (checkpointed; for the wandb config)
         self.stopped_by: str | None = None
         self.saved_files: list[Path] = []
-        self._pending: dict[str, Any] | None = None  # RNG and partial gradients to apply at train start
+        self._pending_rng: Any = None  # this rank's RNG state, set at train start
+        self._save_due = False  # a save fell due inside an accumulation window: taken at its optimizer step
+        self._best_due = False  # likewise for a new best validation loss
+        self._end_due = False  # likewise for a max_time stop
         self._export: dict[str, torch.Tensor] | None = None
         self._last_saved: tuple[int, int] | None = None
         self._chosen_here: str | None = None  # this rank's choice (choose)
         self._start: tuple[str, dict[str, Any]] | None = None  # rank 0: the chosen checkpoint, read once
         self._chosen: str | None = None  # global rank 0's choice, the file every rank loads
-        self._saving_to: Path | None = None  # the checkpoint trainer.save_checkpoint is writing (for its shards)
         self.save_seconds: tuple[float, float | None] = (0.0, None)  # the last save: loop's wait, until committed
         self.remote_holds = True  # a remote directory holds the newest save (checked at the end of the fit)
 
@@ -149,19 +151,15 @@ class ResumeCallback(ModelCheckpoint):
                                f"{library_versions()[lib]}: resume may not be bit-exact")
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
-        """Add MiniMind's keys and each rank's RNG (gathered to rank 0); inside an accumulation window
-        every rank first writes its partial gradients into its own shard beside the checkpoint."""
+        """Add MiniMind's keys and each rank's RNG (gathered to rank 0). ResumeCallback saves only at
+        optimizer-step boundaries, where no gradient is pending."""
         step = int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
         iters = int(trainer.num_training_batches)
         scaler = getattr(trainer.precision_plugin, "scaler", None)
-        scale = float(scaler.get_scale()) if scaler is not None else 1.0
-        partial = not window_complete(step, iters, trainer.accumulate_grad_batches)
-        target, self._saving_to = self._saving_to, None
-        if partial and target is None:
-            rank_zero_warn("a checkpoint saved inside an accumulation window by trainer.save_checkpoint outside "
-                           "ResumeCallback holds no partial gradients (their shards need the path): its resume "
-                           "restarts the window's gradients from zero")
-        checkpoint[TRAINING_STATE_KEY] = save_rank_states(trainer, pl_module, partial, scale, target)
+        if not window_complete(step, iters, trainer.accumulate_grad_batches):
+            rank_zero_warn("a checkpoint saved inside an accumulation window (trainer.save_checkpoint outside "
+                           "ResumeCallback) holds no partial gradients: its resume restarts the window's gradients")
+        checkpoint[TRAINING_STATE_KEY] = save_rank_states(trainer)
         if trainer.is_global_zero:  # the rank that writes (DDP discards the others' dicts): no fp16 copy elsewhere
             self._export = add_minimind_keys(checkpoint, step=step, world_size=trainer.world_size,
                                              wandb_id=self.wandb_id,
@@ -196,17 +194,11 @@ class ResumeCallback(ModelCheckpoint):
         source = (checkpoint.get("callbacks") or {}).get(self.state_key, {}).get("source_format", "lightning")
         self.resumed_from = {"epoch": position.epoch, "step": position.step, "saved_step": int(saved["step"]),
                              "world_size": saved_world, "global_step": checkpoint["global_step"], "source": source}
-        self._pending = self._rank_training_state(trainer, checkpoint, translated)
-
-    def _rank_training_state(self, trainer: L.Trainer, checkpoint: dict[str, Any], translated: bool) -> dict[str, Any]:
-        """This rank's RNG and partial gradients (its shard, read at train start; {} for a rank the saving
-        run did not have: it keeps its own stream, seeded seed + rank). Another world size reads no shard."""
-        source = self._chosen or trainer.ckpt_path
-        mine = rank_training_state(checkpoint.get(TRAINING_STATE_KEY) or {}, trainer.global_rank, source)
-        if mine.get("grads") and translated:
-            rank_zero_warn("world size changed mid accumulation window: its partial gradients are dropped")
-            mine["grads"] = None
-        return mine
+        if not window_complete(position.step, position.iters, accumulate):  # a MiniMind file, an older one of ours
+            rank_zero_warn(f"the checkpoint was saved inside an accumulation window (step {position.step}, "
+                           f"{accumulate} batches per optimizer step) and holds no partial gradients (as MiniMind's "
+                           "own resume): this window's optimizer step sums only the batches from here")
+        self._pending_rng = rank_rng_state(checkpoint.get(TRAINING_STATE_KEY) or {}, trainer.global_rank)
 
     # ------------------------------------------------------------------ start
     def choose(self, trainer: L.Trainer, pl_module: L.LightningModule, ckpt_path: str | None) -> str | None:
@@ -292,12 +284,9 @@ class ResumeCallback(ModelCheckpoint):
         if self.resumed_from is not None:
             self.resume_records.update(resume_record(trainer, self.resumed_from))
         self.wandb_id = describe_wandb_run(trainer, self.resume_records) or self.wandb_id
-        pending, self._pending = self._pending or {}, None
-        if pending.get("grads"):
-            scaler = getattr(trainer.precision_plugin, "scaler", None)
-            apply_gradients(pl_module, pending["grads"], float(scaler.get_scale()) if scaler is not None else 1.0)
-        if pending.get("rng") is not None:
-            set_rng_state(pending["rng"])
+        rng, self._pending_rng = self._pending_rng, None
+        if rng is not None:
+            set_rng_state(rng)
         if STOP.agreed(trainer):  # a signal during start-up: nothing trained since the checkpoint
             self._stop(trainer, "before the first batch; nothing new to save")
 
@@ -316,13 +305,24 @@ class ResumeCallback(ModelCheckpoint):
     # ------------------------------------------------------------------ saving
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
+        """Saves are taken at optimizer-step boundaries only (a save never holds a half-accumulated
+        gradient): one that falls due inside a window (``save_interval``, a new best, a ``max_time`` stop)
+        is taken once that window's optimizer step is done."""
         step, iters = batch_idx + 1, int(trainer.num_training_batches)
         stepped = window_complete(step, iters, trainer.accumulate_grad_batches)
         stop = self._agree(trainer, stepped)
+        self._save_due = self._save_due or self.schedule.by_step(step, iters)
+        if not stepped:
+            if trainer.should_stop:  # a max_time stop (Lightning's Timer) inside a window: at its optimizer step
+                trainer.should_stop, self._end_due = False, True
+            return
+        if self._end_due:
+            trainer.should_stop, self._end_due = True, False
+        if self._best_due:
+            self._save_best(trainer, pl_module)
         ends = trainer.should_stop or 0 < trainer.max_steps <= trainer.global_step
-        due = self.schedule.by_step(step, iters) or (stepped and self.schedule.by_time(trainer))
-        if step < iters and (due or stop or ends):  # an epoch's last batch is saved at the epoch's end
-            self.save(trainer, pl_module)
+        if step < iters and (self._save_due or stop or ends or self.schedule.by_time(trainer)):
+            self.save(trainer, pl_module)  # (an epoch's last batch is saved at the epoch's end)
         if stop:
             self._stop(trainer, f"after epoch {trainer.current_epoch + 1} step {step}/{iters}; checkpoint saved")
 
@@ -387,17 +387,26 @@ class ResumeCallback(ModelCheckpoint):
             return
         if self.best_val_loss is None or float(val) < self.best_val_loss:
             self.best_val_loss = float(val)
-            path = self.files.best(self.stem(pl_module))
-            self._begin_save(trainer, f"could not save the best checkpoint {path}")
-            self._saving_to = path
-            trainer.save_checkpoint(path, weights_only=False)
-            self._export = None
-            rank_zero_info(f"new best val_loss {self.best_val_loss:.4f}: saved {path}")
+            step = int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+            if window_complete(step, int(trainer.num_training_batches), trainer.accumulate_grad_batches):
+                self._save_best(trainer, pl_module)
+            else:
+                self._best_due = True  # taken at this window's optimizer step (on_train_batch_end)
+
+    def _save_best(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._best_due = False
+        path = self.files.best(self.stem(pl_module))
+        self._begin_save(trainer, f"could not save the best checkpoint {path}")
+        trainer.save_checkpoint(path, weights_only=False)
+        self._export = None
+        self.best_model_path = str(path)  # ModelCheckpoint's name for it: trainer.validate(ckpt_path="best")
+        rank_zero_info(f"new best val_loss {self.best_val_loss:.4f}: saved {path}")
 
     def save(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Checkpoint (the commit record), then MiniMind's ``_resume.pth`` link and fp16 export; with
         ``async_save`` the loop waits only for the snapshot, the files are written in the background."""
         epoch, step = trainer.current_epoch, int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+        self._save_due = False
         if self._last_saved == (epoch, step):
             return
         self.wandb_id = wandb_run_id(trainer) or self.wandb_id
@@ -407,7 +416,6 @@ class ResumeCallback(ModelCheckpoint):
         self._begin_save(trainer, f"could not save the checkpoint at epoch {epoch + 1} step {step} ({path}, "
                          f"then {self.files.resume(stem)} and {self.files.export(stem)}); the files of earlier saves "
                          "are unchanged and --ckpt_path last picks the newest complete checkpoint")
-        self._saving_to = path
         with self.remote.uploader.paused() if self.remote is not None else contextlib.nullcontext():  # the snapshot first
             trainer.save_checkpoint(path, weights_only=False)
         io, export = trainer.strategy.checkpoint_io, self._export
@@ -428,6 +436,7 @@ class ResumeCallback(ModelCheckpoint):
             self._raise_if_failed(trainer, self._take_io_error(trainer), self._in_flight)
         self.schedule.saved()
         self._last_saved = (epoch, step)
+        self.last_model_path = str(path)
 
     def _begin_save(self, trainer: L.Trainer, what: str) -> None:
         """At most one save in flight: wait for the previous one, and stop if it failed."""

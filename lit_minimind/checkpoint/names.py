@@ -20,11 +20,10 @@ MODULE_PREFIX = "model."  # LitMiniMind keeps MiniMindForCausalLM as ``self.mode
 DATA_STATE_KEY = "MiniMindDataModule"  # where Lightning keeps the DataModule's state (its __qualname__)
 RESUME_STATE_KEY = "ResumeCallback"  # where Lightning keeps ResumeCallback's state (``callbacks[...]``)
 HF_CONFIG_KEY = "hf_config"  # a Hugging Face directory read as a checkpoint dict (its config.json)
-TRAINING_STATE_KEY = "lit_minimind"  # per-rank RNG; partial gradients: inline (format 1), shards listed (2)
-TRAINING_STATE_FORMAT = 2  # of TRAINING_STATE_KEY: 2 = each rank's partial gradients in its own shard file
+TRAINING_STATE_KEY = "lit_minimind"  # per-rank RNG (a save is taken at an optimizer-step boundary: no gradients)
+TRAINING_STATE_FORMAT = 3  # of TRAINING_STATE_KEY: 3 = RNG only (1, 2: partial gradients inline / in shards)
+LORA_KEY = ".lora."  # in every LoRA adapter's key (MiniMind's ``lora`` modules)
 CALLBACK_FORMAT_VERSION = 2  # of ResumeCallback's state
-SHARDS_FIELD = "shards"  # in a checkpoint's manifest and TRAINING_STATE_KEY: [{"file", "rank", "size", "crc32"}]
-SHARD_SUFFIX = ".grads"  # a rank's partial gradients beside its checkpoint: ``{checkpoint}.rank{r}.grads``
 
 
 def checkpoint_paths(save_dir: str | os.PathLike, weight: str, hidden_size: int, use_moe: bool = False) -> tuple[Path, Path]:
@@ -45,7 +44,3 @@ def checkpoint_stem(weight: str, hidden_size: int, use_moe: bool = False) -> str
 def manifest_path(path: str | os.PathLike) -> Path:
     return Path(f"{os.fspath(path)}{MANIFEST_SUFFIX}")
 
-
-def shard_path(checkpoint: str | os.PathLike, rank: int) -> Path:
-    """Where global rank ``rank`` writes its partial gradients for ``checkpoint``: beside it."""
-    return Path(f"{os.fspath(checkpoint)}.rank{rank}{SHARD_SUFFIX}")

@@ -15,7 +15,7 @@ import torch
 
 from lit_minimind.checkpoint.atomic import read_manifest
 from lit_minimind.checkpoint.hf import is_hf_directory, read_hf_directory
-from lit_minimind.checkpoint.names import HF_CONFIG_KEY, MINIMIND_KEYS, SHARDS_FIELD, manifest_path
+from lit_minimind.checkpoint.names import HF_CONFIG_KEY, MINIMIND_KEYS, manifest_path
 from lit_minimind.checkpoint.verify import UnverifiableCheckpoint, verify_file
 from lit_minimind.errors import CheckpointError
 
@@ -52,48 +52,12 @@ def _check_bytes(path: Path, accepted: list[tuple[int, str]], what: str) -> None
         raise CheckpointError(f"{what}: checksum (crc32) differs from the one recorded when it was saved (corrupted)")
 
 
-def shard_entries(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The partial-gradient shards a checkpoint's manifest lists (``[]``: none, or no manifest)."""
-    shards = read_manifest(path).get(SHARDS_FIELD) or []
-    return [s for s in shards if isinstance(s, dict)]
-
-
-def verify_shard(checkpoint: str | os.PathLike, entry: Mapping[str, Any]) -> Path:
-    """One shard of ``checkpoint`` (an entry of its manifest or of its ``lit_minimind`` state) is beside
-    it with the size and CRC-32 recorded at the save; returns its path, or raises naming both files."""
-    checkpoint = Path(checkpoint)
-    try:
-        shard = checkpoint.parent / Path(str(entry["file"])).name
-        accepted = [(int(entry["size"]), str(entry["crc32"]))]
-    except (KeyError, TypeError, ValueError) as err:
-        raise CheckpointError(f"{checkpoint}: a gradient shard's entry is unreadable ({entry!r})") from err
-    what = f"{checkpoint}: its rank {entry.get('rank')} partial-gradient shard {shard.name}"
-    if not shard.is_file():
-        raise CheckpointError(f"{what} is missing (a checkpoint saved inside an accumulation window is its file plus "
-                              "one shard per rank; copy them together)")
-    _check_bytes(shard, accepted, what)
-    return shard
-
-
-def verify_shards(path: str | os.PathLike) -> None:
-    """Every shard the manifest of ``path`` lists: present, size and CRC-32 as saved."""
-    for entry in shard_entries(path):
-        verify_shard(path, entry)
-
-
-def read_shard(checkpoint: str | os.PathLike, entry: Mapping[str, Any], verify: bool = True) -> dict[str, Any]:
-    """One rank's shard of ``checkpoint``, verified against ``entry`` (unless ``verify`` is False), read
-    ``weights_only``."""
-    shard = verify_shard(checkpoint, entry) if verify else Path(checkpoint).parent / Path(str(entry["file"])).name
-    return read_checkpoint(shard, verify=False)
-
-
 _verified: dict[str, tuple[int, int, int]] = {}
 
 
 def verify_checkpoint(path: str | os.PathLike) -> None:
-    """Check a checkpoint file's bytes, once per version of the file and its shards: against its manifest
-    (size, CRC-32; and every partial-gradient shard it lists, :func:`verify_shards`), or, without one,
+    """Check a checkpoint file's bytes, once per version of the file: against its manifest
+    (size, CRC-32), or, without one,
     every record CRC and header of torch's zip container (:func:`lit_minimind.checkpoint.verify.verify_file`).
     Raises :class:`CheckpointError` naming the file."""
     path = Path(path)
@@ -104,30 +68,17 @@ def verify_checkpoint(path: str | os.PathLike) -> None:
     st = path.stat()
     if st.st_size == 0:
         raise CheckpointError(f"{path}: is empty (0 bytes); an interrupted or failed save?")
-    version = (st.st_ino, st.st_size, st.st_mtime_ns, *_shard_versions(path))
+    version = (st.st_ino, st.st_size, st.st_mtime_ns)
     if _verified.get(str(path)) == version:
         return
     if manifest_path(path).exists():
         verify_manifest(path)
-        verify_shards(path)
     else:
         try:
             verify_file(path)
         except UnverifiableCheckpoint:
             pass  # torch's legacy (pre-zip) format has no checksums: loading it is all that can be checked
     _verified[str(path)] = version
-
-
-def _shard_versions(path: Path) -> tuple[tuple[int, int, int], ...]:
-    """The file versions of the shards ``path``'s manifest lists (a changed shard is verified again)."""
-    versions = []
-    for entry in shard_entries(path):
-        try:
-            st = (path.parent / Path(str(entry.get("file"))).name).stat()
-            versions.append((st.st_ino, st.st_size, st.st_mtime_ns))
-        except OSError:
-            versions.append((0, 0, 0))
-    return tuple(versions)
 
 
 HARMLESS_IMPORTS = ("torch.", "collections.", "_codecs.encode", "copyreg._reconstructor", "numpy.")

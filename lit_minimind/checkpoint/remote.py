@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from lit_minimind.checkpoint.atomic import atomic_receive
-from lit_minimind.checkpoint.names import MANIFEST_SUFFIX, SHARDS_FIELD
+from lit_minimind.checkpoint.names import MANIFEST_SUFFIX
 from lit_minimind.errors import CheckpointError, UsageError
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
@@ -109,13 +109,6 @@ class RemoteDir:
         except FileNotFoundError:
             raise CheckpointError(f"{self.where(name)}: its manifest is committed but the object is missing") from None
 
-    def download_shard(self, name: str, entry: dict[str, Any], local: str | Path) -> dict[str, Any]:
-        """A checkpoint's partial-gradient shard: its committed manifest must match the checkpoint's entry."""
-        manifest = self.manifest(name)
-        if manifest is None or any(manifest.get(k) != entry.get(k) for k in ("size", "crc32")):
-            raise CheckpointError(f"{self.where(name)}: the shard its checkpoint lists is missing or another one")
-        return self.download(name, manifest, local)
-
     # ------------------------------------------------------------------ writing (data, verify, manifest last)
     def _verify(self, name: str, manifest: dict[str, Any]) -> None:
         size = self.fs.info(self.path(name))["size"]
@@ -154,11 +147,8 @@ class RemoteDir:
         self._commit(name, manifest)
 
     def remove(self, name: str) -> None:
-        """Retention: the manifest first (no longer a candidate), then the data, then the shards it listed."""
-        listed = (self.manifest(name) or {}).get(SHARDS_FIELD) or []
-        shards = [str(e["file"]).rsplit("/", 1)[-1] for e in listed if e.get("file")]
-        for path in (self.path(name + MANIFEST_SUFFIX), self.path(name),
-                     *[p for shard in shards for p in (self.path(shard + MANIFEST_SUFFIX), self.path(shard))]):
+        """Retention: the manifest first (no longer a candidate), then the data."""
+        for path in (self.path(name + MANIFEST_SUFFIX), self.path(name)):
             try:
                 self.fs.rm_file(path)
             except FileNotFoundError:

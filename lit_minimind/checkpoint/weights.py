@@ -18,10 +18,9 @@ import torch
 from torch import nn
 
 from lit_minimind.checkpoint.hf import FIELDS_KEY
-from lit_minimind.checkpoint.names import DATA_STATE_KEY, MODULE_PREFIX, RESUME_STATE_KEY
+from lit_minimind.checkpoint.names import DATA_STATE_KEY, LORA_KEY, MODULE_PREFIX, RESUME_STATE_KEY
 from lit_minimind.checkpoint.read import checkpoint_kind
 from lit_minimind.errors import CheckpointError
-from lit_minimind.model.lora import is_lora_key
 
 
 def fp16_weights(state_dict: Mapping[str, torch.Tensor], prefix: str = MODULE_PREFIX) -> dict[str, torch.Tensor]:
@@ -99,7 +98,7 @@ def not_a_model(ckpt: dict[str, Any], path: Any) -> str | None:
     if any(k.endswith("embed_tokens.weight") for k in weights):
         return None
     adapters = [k for k in weights if k.endswith(".lora.A.weight")]
-    if adapters and all(is_lora_key(k) for k in weights):
+    if adapters and all(LORA_KEY in k for k in weights):
         ranks = "/".join(str(r) for r in sorted({int(weights[k].shape[0]) for k in adapters}))
         return (f"{path}: LoRA adapters only ({len(adapters)}, rank {ranks}), not a whole model: use them with the "
                 f"model they were trained on: python -m lit_minimind.generate BASE --lora {path} "

@@ -21,11 +21,10 @@ from lit_minimind.checkpoint.names import (
     MINIMIND_KEYS,
     POSITION_KEYS,
     RESUME_STATE_KEY,
-    SHARDS_FIELD,
     TRAINING_STATE_KEY,
     manifest_path,
 )
-from lit_minimind.checkpoint.read import checkpoint_kind, harmful_imports, read_checkpoint, verify_manifest, verify_shards
+from lit_minimind.checkpoint.read import checkpoint_kind, harmful_imports, read_checkpoint, verify_manifest
 from lit_minimind.checkpoint.verify import verify_file
 from lit_minimind.checkpoint.weights import model_weights, not_a_model, shape_config
 from lit_minimind.errors import CheckpointError, NotATorchZip, UnverifiableCheckpoint
@@ -51,7 +50,6 @@ def summarize(path: str | Path) -> dict[str, Any]:
         return {**info, "valid": False, "verified": False, "error": str(err)}
     try:
         verify_manifest(path)  # also catches a whole valid file swapped for another
-        verify_shards(path)  # each rank's partial-gradient shard the manifest lists: present, bytes as saved
         ckpt = read_checkpoint(path, verify=False)  # verified above: no second read
     except CheckpointError as err:
         return {**info, "valid": False, "error": str(err)}
@@ -69,11 +67,9 @@ def summarize(path: str | Path) -> dict[str, Any]:
                     written_by="lit-minimind" if callback else "Lightning", versions=callback.get("versions"),
                     fp32_master_weights=True)
         training = ckpt.get(TRAINING_STATE_KEY) or {}
-        shards = [s["file"] for s in training.get(SHARDS_FIELD) or [] if isinstance(s, dict) and "file" in s]
-        if shards:
-            info["gradient_shards"] = shards
-        inline = next((r["grads"] for r in training.get("ranks") or [] if r.get("grads")), None)  # format 1
-        state = {**state, "grads": shards or inline}
+        # saves are taken at optimizer-step boundaries: only files of format 1 and 2 (before) may list gradients
+        state = {**state, "grads": training.get("shards") or next(
+            (r["grads"] for r in training.get("ranks") or [] if r.get("grads")), None)}
     elif kind == "minimind_resume":
         weights = ckpt["model"]
         state = {k: ckpt.get(k) for k in POSITION_KEYS}

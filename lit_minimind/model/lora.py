@@ -16,10 +16,11 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
+from lit_minimind.checkpoint.names import LORA_KEY
+
 __all__ = ["LORA_RANK", "LoRA", "apply_lora", "attach_lora", "freeze_base", "is_lora_key", "lora_state", "load_lora", "merged_state"]
 
 LORA_RANK = 16  # MiniMind's apply_lora(model, rank=16)
-LORA_KEY = ".lora."
 
 
 class LoRA(nn.Module):
@@ -57,7 +58,7 @@ def apply_lora(model: nn.Module, rank: int = LORA_RANK) -> list[str]:
 
 
 def is_lora_key(key: str) -> bool:
-    return LORA_KEY in key
+    return LORA_KEY in key  # (lit_minimind.checkpoint.names: the file format's name for an adapter's keys)
 
 
 def freeze_base(model: nn.Module) -> list[nn.Parameter]:

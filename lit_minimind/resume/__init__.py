@@ -1,3 +1,3 @@
 """The seam with Lightning: where training stands (position), what Lightning cannot restore alone
-(loop counters for foreign positions, per-rank RNG and partial gradients), the CheckpointIO plugin,
+(loop counters for foreign positions, per-rank RNG), the CheckpointIO plugin,
 and the plain-PyTorch course API."""

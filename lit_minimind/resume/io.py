@@ -9,15 +9,14 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 
 from lit_minimind.checkpoint.atomic import atomic_save
-from lit_minimind.checkpoint.names import MANIFEST_FIELDS, RESUME_STATE_KEY, SHARDS_FIELD, TRAINING_STATE_KEY, manifest_path
-from lit_minimind.checkpoint.read import checkpoint_kind, read_checkpoint, shard_entries
+from lit_minimind.checkpoint.names import MANIFEST_FIELDS, RESUME_STATE_KEY, manifest_path
+from lit_minimind.checkpoint.read import checkpoint_kind, read_checkpoint
 from lit_minimind.errors import CheckpointError
 
 
@@ -97,15 +96,6 @@ class SafeCheckpointIO(TorchCheckpointIO):
         still reaches Lightning's barrier and the failure can stop every rank together."""
         meta = {k: checkpoint[k] for k in MANIFEST_FIELDS if k in checkpoint}
         meta["run_id"] = (checkpoint.get("callbacks") or {}).get(RESUME_STATE_KEY, {}).get("run_id")
-        shards = (checkpoint.get(TRAINING_STATE_KEY) or {}).get(SHARDS_FIELD)
-        if shards:  # every rank wrote its shard before this (rank_state): the manifest lists them, the commit
-            failed = [s["error"] for s in shards if "error" in s]
-            if failed:  # a rank could not write its shard: this checkpoint is never committed
-                def refuse() -> None:
-                    raise OSError(f"partial-gradient shard not written: {'; '.join(failed)}")
-                self.submit(refuse)
-                return
-            meta[SHARDS_FIELD] = list(shards)
         if self.async_writes:
             self.wait()  # the previous snapshot's buffers are reused: it must be on disk
             checkpoint = self._snapshot(checkpoint)
@@ -187,9 +177,8 @@ class SafeCheckpointIO(TorchCheckpointIO):
         raise CheckpointError(f"{path}: not a lit-minimind, Lightning or MiniMind checkpoint (keys: {sorted(ckpt)[:8]})")
 
     def remove_checkpoint(self, path: Any) -> None:
-        """The checkpoint file first (no longer a candidate), then its manifest, then the shards it lists."""
-        shards = [Path(path).parent / Path(str(s.get("file"))).name for s in shard_entries(path) if s.get("file")]
-        for p in (path, manifest_path(path), *[q for s in shards for q in (s, manifest_path(s))]):
+        """The checkpoint file first (no longer a candidate), then its manifest."""
+        for p in (path, manifest_path(path)):
             try:
                 os.remove(p)
             except FileNotFoundError:

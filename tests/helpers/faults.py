@@ -9,7 +9,7 @@ Installed in every process the tests start (``tests/helpers/site/sitecustomize.p
   ``rename`` (the data into place), ``dirfsync`` (the directory after the rename), ``link`` (the hard
   link of ``_resume.pth``).
 * ``LIT_MINIMIND_TEST_STOP_IN_SAVE=N[:SUFFIX]``: the N-th commit of a checkpoint file (with that
-  suffix; a partial-gradient shard ``*.grads`` only when the suffix names it) stops the process (SIGSTOP) with its tmp file complete, manifest written, not yet renamed;
+  suffix) stops the process (SIGSTOP) with its tmp file complete, manifest written, not yet renamed;
   ``LIT_MINIMIND_TEST_STOP_AFTER_SAVE`` right after the commit. It prints ``@@stopped-in-save PATH`` /
   ``@@stopped-after-save PATH`` first; a test then SIGKILLs it there, deterministically.
 
@@ -58,11 +58,9 @@ def pause(moment: str, name: str, path: Any) -> None:
     target = os.environ.get(f"LIT_MINIMIND_TEST_STOP_{moment.upper()}_SAVE")
     if not target:
         return
-    from lit_minimind.checkpoint.names import SHARD_SUFFIX  # installed: the package is imported
-
     count, _, suffix = target.partition(":")
-    if (suffix and not name.endswith(suffix)) or (not suffix and name.endswith(SHARD_SUFFIX)):
-        return  # a rank's gradient shard counts only when the suffix names it (".grads")
+    if suffix and not name.endswith(suffix):
+        return
     _commits[moment] = _commits.get(moment, 0) + 1
     if _commits[moment] == int(count):
         print(f"@@stopped-{moment}-save {path}", flush=True)

@@ -76,14 +76,8 @@ def _no_skip(raw: Any) -> Any:
     return _noop  # ResumableBatchSampler.resume_at: the data position is never skipped
 
 
-def _drop_grads(raw: Any) -> Any:
-    inner = raw.__func__ if isinstance(raw, staticmethod) else raw
-
-    def without_grads(*args: Any, **kwargs: Any) -> Any:
-        state = inner(*args, **kwargs)
-        return {**state, "grads": None} if isinstance(state, dict) and state.get("grads") else state
-
-    return staticmethod(without_grads) if isinstance(raw, staticmethod) else without_grads
+def _every_batch_steps(step: int, iters: int, accumulate: int) -> bool:
+    return True  # position.window_complete: saves are no longer held to the accumulation window's end
 
 
 def _class_noop(module: Any, cls_name: str, method: str) -> None:
@@ -97,7 +91,7 @@ MUTANTS: dict[str, list[tuple[tuple[str, ...], Callable[[Any], None]]]] = {
     "resume_fresh": [(("lightning.pytorch.trainer.trainer",), _drop_ckpt_path)],
     "data_not_skipped": [(("lit_minimind.",), _patch_method("__iter__", "resume_at", _no_skip))],
     "optimizer_not_restored": [(("torch.optim.optimizer",), lambda m: _class_noop(m, "Optimizer", "load_state_dict"))],
-    "grads_dropped": [(("lit_minimind.",), _patch_method("on_load_checkpoint", "_rank_training_state", _drop_grads))],
+    "save_mid_window": [(("lit_minimind.",), _patch_function("window_complete", _every_batch_steps))],
     "scaler_not_restored": [(("torch.amp.grad_scaler",), lambda m: _class_noop(m, "GradScaler", "load_state_dict"))],
     "rng_not_restored": [(("lit_minimind.",), _patch_function("set_rng_state", _noop))],
     "wandb_id_not_passed": [(("lit_minimind.",), _patch_function("continue_wandb_run", _noop))],
