@@ -7,7 +7,7 @@ results directory (default ``benchmarks/results/``); this script also writes
 ``summary.md`` there with all tables and, after a full run into the default directory,
 refreshes the tables in ``benchmarks/README.md`` (between the ``bench-results`` markers).
 
-``python -m benchmarks.run_all [--quick] [--only overhead checkpoint resume verify ddp_save data remote] [--results-dir DIR] [--threads N]``
+``python -m benchmarks.run_all [--quick] [--only overhead checkpoint resume verify data remote] [--results-dir DIR] [--threads N]``
 
 ``--quick`` runs toy sizes (seconds; what ``tests/test_benchmarks.py`` runs); its numbers
 mean nothing.
@@ -26,7 +26,6 @@ from typing import Any
 from benchmarks import (
     bench_checkpoint,
     bench_data,
-    bench_ddp_save,
     bench_overhead,
     bench_remote,
     bench_resume,
@@ -39,7 +38,6 @@ BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {
     "checkpoint": bench_checkpoint.run,
     "resume": bench_resume.run,
     "verify": bench_verify.run,
-    "ddp_save": bench_ddp_save.run,
     "data": bench_data.run,
     "remote": bench_remote.run,
 }
@@ -113,16 +111,6 @@ def summary(payloads: dict[str, dict[str, Any]]) -> str:
                   "the file's pages dropped first (`posix_fadvise(DONTNEED)`).", "", p["table"], "",
                   (f"`verify_file` read {read:,} bytes of the {p['file_bytes']:,}-byte file (one pass); "
                    if read is not None else "") + f"`zlib.crc32` alone in memory: {crc}.", ""]
-    if "ddp_save" in payloads:
-        p = payloads["ddp_save"]
-        worlds = "/".join(str(run["world_size"]) for run in p["runs"])
-        lines += [f"### 5. Memory per rank of a checkpoint inside an accumulation window under DDP ({worlds} CPU "
-                  f"processes, gloo, {p['model']}; {p['environment']['date']})", "",
-                  "Saved inside a window, each rank writes its partial gradients to its own shard and reads only its "
-                  "own on resume; peak extra RSS from the save's start until its files are written (rank 0 also builds "
-                  "the fp16 export), and while a resumed rank reads its shard and sets its gradients. Target: "
-                  f"≤ {p['target_ratio']}× own gradients beyond the export "
-                  f"({'met' if p['within_target'] else 'missed'}).", "", p["table"], ""]
     if "data" in payloads:
         p = payloads["data"]
         lines += [f"### 6. Data set-up at MiniMind's size (seconds, lower is better; {p['environment']['date']})", "",

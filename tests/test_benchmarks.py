@@ -87,20 +87,6 @@ def test_checkpoint_quick(quick_run: tuple[Path, str]) -> None:
 
 
 @pytest.mark.slow  # the quick run of every benchmark: a minute on 2 cores (make test-slow)
-def test_ddp_save_quick(quick_run: tuple[Path, str]) -> None:
-    """A save inside an accumulation window and its resume on 2 processes: every rank reports its own
-    gradients, its peak extra memory in both, and the export only rank 0 writes."""
-    out, stdout = quick_run
-    data = load(out, "ddp_save")
-    assert data["table"] in stdout and [run["world_size"] for run in data["runs"]] == [2]
-    ranks = {r["rank"]: r for r in data["runs"][0]["ranks"]}
-    assert set(ranks) == {0, 1}
-    assert all(r["grads_bytes"] > 0 and r["resume_grads_bytes"] == r["grads_bytes"] for r in ranks.values())
-    assert all(r["peak_extra_bytes"] >= 0 and r["resume_peak_extra_bytes"] >= 0 for r in ranks.values())
-    assert ranks[0]["export_bytes"] > 0 == ranks[1]["export_bytes"]  # only rank 0 writes the export
-
-
-@pytest.mark.slow  # the quick run of every benchmark: a minute on 2 cores (make test-slow)
 def test_resume_quick(quick_run: tuple[Path, str]) -> None:
     out, stdout = quick_run
     data = load(out, "resume")
