@@ -52,7 +52,8 @@ def test_overhead_quick(quick_run: tuple[Path, str]) -> None:
     for part in ("data", "forward", "backward", "AdamW update", "loop", "batch"):
         assert positive(at["plain"][part]) and positive(at["lightning"][part])
     # self.log is no longer called per micro-batch (metrics go to the loggers from MiniMindConsole)
-    assert at["lightning"]["self.log"]["median"] >= 0 and positive(at["lightning"]["our callbacks"])
+    assert at["lightning"]["self.log"]["median"] < 0.05 * at["lightning"]["batch"]["median"]
+    assert positive(at["lightning"]["our callbacks"])
     assert data["attribution_table"] in stdout
 
 
@@ -81,7 +82,8 @@ def test_checkpoint_quick(quick_run: tuple[Path, str]) -> None:
                                                           "minimind_save_s", "stall_ratio")]
     assert all(positive(s) for s in stats_) and r["save_s"]["n"] == data["reps"] >= 2
     assert r["step_s"] > 0 and r["slowdown_at_save_interval_1000"] > 0
-    assert all(v >= 0 for v in r["peak_extra_rss_bytes"].values())
+    rss = r["peak_extra_rss_bytes"]  # clamped at 0: MiniMind's save builds an fp16 copy (> 0); none runs away
+    assert rss["minimind"] > 0 and all(v < 4 * b["ours_ckpt"] for v in rss.values()), rss
     if "async" in r["modes"]:  # the snapshot kept between asynchronous saves: about one checkpoint's tensors
         assert 0.5 * b["ours_ckpt"] < r["modes"]["async"]["snapshot_bytes"] < 1.5 * b["ours_ckpt"]
 

@@ -64,7 +64,7 @@ def assert_derived_metrics(rows: list[dict[str, str]], run) -> None:
     batch_tokens = 4 * 63
     for row in rows:
         assert math.isclose(float(row["perplexity"]), math.exp(float(row["logits_loss"])), rel_tol=1e-6), row
-        assert float(row["epoch_time"]) >= 0
+        assert 0 <= float(row["epoch_time"]) < 10, row  # minutes left in a 12-batch epoch of a 64x2 model
     speeds = [float(r["tokens_per_s"]) for r in rows]
     assert speeds[0] == 0 and all(batch_tokens / 600 < v < batch_tokens * 1e4 for v in speeds[1:]), speeds
     printed = [float(m[8]) for m in run.lines]
