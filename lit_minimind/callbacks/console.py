@@ -14,6 +14,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from lit_minimind.callbacks.log_history import LogHistory, flush_loggers
+from lit_minimind.callbacks.log_lineage import SaveLedger
 
 
 def format_minimind_line(epoch: int, epochs: int, step: int, iters: int, loss: float, logits_loss: float,
@@ -78,6 +79,7 @@ class MiniMindConsole(Callback):
         # checkpointed: the step axis and the rows that may not be durable in the loggers yet
         self.micro_step: int | None = None  # micro-batches trained so far; None: count from the position
         self.history = LogHistory()
+        self.ledger = SaveLedger()  # the saves whose rows the CSV log directory holds (callbacks.log_lineage)
         self._pending: list[tuple[Any, ...]] = []  # rows since the last log interval, losses still on the device
         self._trainer: L.Trainer | None = None
 
@@ -116,9 +118,11 @@ class MiniMindConsole(Callback):
         self._fit_start = time.perf_counter()
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.ledger.record(trainer)
         flush_loggers(trainer)  # the previous epoch's rows logged after its checkpoint (mean_loss, val_loss)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.ledger.record(trainer)  # the save after the previous batch (ResumeCallback saves after this hook)
         step, iters = batch_idx + 1, int(trainer.num_training_batches)
         if self.micro_step is None:  # a fresh run, or a checkpoint without our state: count from the position
             self.micro_step = trainer.current_epoch * iters + batch_idx
@@ -188,7 +192,13 @@ class MiniMindConsole(Callback):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.log_pending(trainer)
+        self.ledger.record(trainer)
         self.train_seconds = time.perf_counter() - self._fit_start
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """A fit that ended normally (ResumeCallback waited for its writes at train end): its saves are committed."""
+        if stage == "fit":
+            self.ledger.end(trainer)
 
 
 def console_print(trainer: L.Trainer, line: str) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
+from lit_minimind.callbacks.log_lineage import checkpoint_position, cut_ledger, went_further
 from lit_minimind.checkpoint.atomic import atomic_open
 from lit_minimind.resume.io import callback_state
 
@@ -85,7 +86,11 @@ class LogHistory:
         without a version of your choice continues the log directory of the checkpoint's run, its
         ``metrics.csv`` cut back to the rows logged up to the checkpoint (the rest is trained again).
         A continued logger is built again with the checkpoint's ``version`` (its public argument) and
-        replaces the one that was never started in ``trainer.loggers``."""
+        replaces the one that was never started in ``trainer.loggers``.
+
+        Only when the checkpoint is that directory's newest save (:mod:`lit_minimind.callbacks.log_lineage`):
+        a directory whose lineage saved again after the checkpoint is another lineage's and is left as it
+        is; the logger starts a new version instead, with that directory's rows up to the checkpoint."""
         from lightning.fabric.loggers import CSVLogger
 
         state, global_step = callback_state(ckpt, CONSOLE_STATE_KEY), ckpt.get("global_step")
@@ -97,11 +102,23 @@ class LogHistory:
                 continue  # a version you chose: Lightning's behaviour
             if os.path.normpath(str(loggers[i].root_dir)) != os.path.normpath(str(saved.get("root_dir"))):
                 continue  # logs go elsewhere now: a new version there
-            logger = loggers[i] = type(loggers[i])(**{**args, "version": saved["version"]})
+            logger = type(loggers[i])(**{**args, "version": saved["version"]})
+            position = checkpoint_position(ckpt)
+            later = went_further(logger.log_dir, position) if rank_zero_only.rank == 0 else None
+            if later is not None:  # another lineage's rows: a new version, branched from that one
+                kept = branch_metrics_csv(loggers[i], Path(logger.log_dir), int(state.get("micro_step") or 0),
+                                          int(state.get("epochs_complete") or 0), global_step)
+                self._complete_loggers.add(id(loggers[i]))
+                rank_zero_info(f"logs: {loggers[i].log_dir}, branched from {Path(logger.log_dir).name} at micro_step "
+                               f"{state.get('micro_step')} ({kept} rows copied; {Path(logger.log_dir).name} went on to "
+                               f"{later['checkpoint']}: its rows are another lineage's and stay as they are)")
+                continue
+            loggers[i] = logger
             if rank_zero_only.rank != 0:
                 continue
             kept, dropped = continue_metrics_csv(logger, int(state.get("micro_step") or 0),
                                                  int(state.get("epochs_complete") or 0), global_step)
+            cut_ledger(logger.log_dir, position)
             self._complete_loggers.add(id(logger))
             rank_zero_info(f"logs: continuing {logger.log_dir} (metrics.csv: {kept} rows up to micro_step "
                            f"{state.get('micro_step')}" + (f"; {dropped} later rows dropped, trained again)" if dropped else ")"))
@@ -170,6 +187,22 @@ def continue_metrics_csv(logger: Any, micro_step: int, epochs_complete: int, glo
         writer.metrics_keys = list(header)  # appends continue under this header (new keys: Lightning rewrites it)
     aside.unlink(missing_ok=True)
     return len(kept), len(rows) - len(kept)
+
+
+def branch_metrics_csv(logger: Any, source: Path, micro_step: int, epochs_complete: int, global_step: int | None) -> int:
+    """Start ``logger``'s writer in its new log directory with the rows of ``source``'s ``metrics.csv`` up to
+    the checkpoint (as :func:`continue_metrics_csv` keeps them); ``source`` is only read. Returns the rows copied."""
+    path, aside = source / "metrics.csv", source / "metrics.csv.resume"
+    header, rows = _complete_rows(path if path.exists() else aside) if path.exists() or aside.exists() else ([], [])
+    kept = [row for row in rows if _up_to(row, micro_step, epochs_complete, global_step)]
+    writer = logger.experiment  # Lightning's writer, in a new (empty) directory
+    if header:
+        with atomic_open(Path(logger.log_dir) / "metrics.csv", "w") as f:
+            out = csv.DictWriter(f, fieldnames=header)
+            out.writeheader()
+            out.writerows(kept)
+        writer.metrics_keys = list(header)
+    return len(kept)
 
 
 def _complete_rows(path: Path) -> tuple[list[str], list[dict[str, str]]]:

@@ -27,6 +27,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lit_minimind.callbacks.console import MiniMindConsole
 from lit_minimind.callbacks.files import CheckpointFiles, agree_on_checkpoint
 from lit_minimind.callbacks.preemption import STOP
+from lit_minimind.callbacks.preflight import check_at_setup
 from lit_minimind.callbacks.remote import RemoteCheckpoints, choose_with_remote, staging_dir
 from lit_minimind.callbacks.schedule import SaveSchedule
 from lit_minimind.callbacks.wandb_run import continue_wandb_run, describe_wandb_run, resume_record, wandb_run_id
@@ -68,7 +69,10 @@ class ResumeCallback(ModelCheckpoint):
         out_dir: directory of the fp16 weight export (MiniMind's ``out``).
         ckpt_dir: directory of the resume checkpoints (MiniMind's ``checkpoints``).
         weight: file name prefix (MiniMind's ``save_weight``).
-        keep_last: how many checkpoints of this run to keep as a rolling window.
+        keep_last: how many checkpoints of this run to keep as a rolling window: each run (a fresh start and
+            its resumes, one run id) keeps its own newest ``keep_last``; other runs' files are never pruned by it.
+        keep_runs: also bound the runs: at a run's first save, the checkpoints of all but the newest
+            ``keep_runs`` runs of this ``ckpt_dir`` and stem are removed (this run's never). Unset: every run's stay.
         save_every_minutes: also save when this many minutes passed since the last save.
         async_save: write in the background: the loop blocks only to snapshot the state (at most one
             save in flight; a failed write stops training at the next optimizer step).
@@ -78,14 +82,15 @@ class ResumeCallback(ModelCheckpoint):
 
     def __init__(self, save_interval: int = 1000, out_dir: str = "out", ckpt_dir: str = "checkpoints",
                  weight: str = "pretrain", keep_last: int = 2, save_every_minutes: float | None = None,
-                 async_save: bool = True, upload_timeout: float = 300.0) -> None:
+                 async_save: bool = True, upload_timeout: float = 300.0, keep_runs: int | None = None) -> None:
         self.schedule = SaveSchedule(save_interval, save_every_minutes)
         # a URL directory: the files are written to a local staging directory, then uploaded (callbacks.remote)
         self.remote = RemoteCheckpoints.of(ckpt_dir, out_dir, keep_last)
         if upload_timeout < 0:
             raise ValueError(f"--resume.upload_timeout must be >= 0 seconds, got {upload_timeout}")
         self.upload_timeout = upload_timeout
-        self.files = CheckpointFiles(staging_dir("ckpt_dir", ckpt_dir), staging_dir("out_dir", out_dir), weight, keep_last)
+        self.files = CheckpointFiles(staging_dir("ckpt_dir", ckpt_dir), staging_dir("out_dir", out_dir), weight, keep_last,
+                                     keep_runs)
         # a ModelCheckpoint only so that Lightning asks it for ``ckpt_path="last"`` (_find_last_checkpoints);
         # none of ModelCheckpoint's own saving runs: every hook it saves from is overridden here
         super().__init__(dirpath=str(self.files.ckpt_dir), save_top_k=0, save_last=False)
@@ -252,6 +257,7 @@ class ResumeCallback(ModelCheckpoint):
         io = self._install_checkpoint_io(trainer)
         if stage != TrainerFn.FITTING:
             return
+        check_at_setup(trainer, pl_module, self)  # every directory the run writes, before anything is made (preflight)
         if trainer.is_global_zero and self.remote is not None:
             self.remote.uploader.start()
         chosen = agree_on_checkpoint(trainer, self._chosen_here)  # a collective under DDP, before restore

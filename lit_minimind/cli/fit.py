@@ -27,6 +27,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lit_minimind.callbacks import MiniMindConsole, ResumeCallback
 from lit_minimind.callbacks.preemption import LOST_PEER_EXIT, STOP, cluster_plugins, lost_peer_advice, requeue_if_preempted
+from lit_minimind.callbacks.preflight import check_run_dirs
 from lit_minimind.callbacks.progress import MiniMindProgressBar
 from lit_minimind.callbacks.remote import REMOTE_BEHIND_EXIT
 from lit_minimind.cli.export import export_after_fit
@@ -249,6 +250,8 @@ def run_fit(args: list[str] | None) -> int:
         )
         resume = next(cb for cb in cli.trainer.callbacks if isinstance(cb, ResumeCallback))
         console = next(cb for cb in cli.trainer.callbacks if isinstance(cb, MiniMindConsole))
+        # every directory the run writes, before anything is made there (a download, a log directory)
+        check_run_dirs(cli.trainer, cli.model, resume, fresh=not cli.config.get("ckpt_path"))
         # what trainer.fit(ckpt_path="last") would choose, chosen here: --from_weight depends on it
         ckpt_path = resume.choose(cli.trainer, cli.model, cli.config.get("ckpt_path"))
         start = weight_path(cli.config.get("from_weight"), resume.out_dir, cli.model.config.hidden_size,
