@@ -156,12 +156,12 @@ def expected_resume(run_dir: Path, stem: str = "pretrain_64", iters: int = 12) -
     return (epoch + 2, 1) if step >= iters else (epoch + 1, step + 1)
 
 
-def readme_script(replace: tuple[str, str] | None = None) -> str:
-    """The python block of the README's section "In your own Lightning script" (``replace``: one edit)."""
+def readme_script(*edits: tuple[str, str] | None) -> str:
+    """The python block of the README's section "In your own Lightning script", with ``edits`` (old, new)."""
     readme = (ROOT / "README.md").read_text()
     section = readme[readme.index("## In your own Lightning script"):]
     text = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    if replace is not None:
-        assert replace[0] in text, f"the README's script no longer has {replace[0]!r}"
-        text = text.replace(*replace)
+    for old, new in filter(None, edits):
+        assert old in text, f"the README's script no longer has {old!r}"
+        text = text.replace(old, new)
     return text

@@ -19,13 +19,13 @@ def test_compiled_run_resumes_exactly_with_minimind_keys(tmp_path: Path) -> None
     ref_dir.mkdir(), run_dir.mkdir()
     ref = run_cli(ref_dir, args, env=env, timeout=900)
     assert ref.returncode == 0, ref.stderr[-3000:]
-    # killed right after the step-5 save's last file (its export, the 3rd commit)
+    # killed right after the step-6 save's last file (its export, the 3rd commit; the save fell due at 5)
     killed = run_cli(run_dir, args, env={**env, "LIT_MINIMIND_TEST_STOP_AFTER_SAVE": "3"}, timeout=900)
     assert killed.returncode == -9 and "@@stopped-after-save" in killed.stdout
     done = run_cli(run_dir, args + ["--ckpt_path", "last"], env=env, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert_resumed(done, 1, 6)
-    assert done.steps == {key: values for key, values in ref.steps.items() if key >= (1, 6)}
+    assert_resumed(done, 1, 7)
+    assert done.steps == {key: values for key, values in ref.steps.items() if key >= (1, 7)}
     ref_w = torch.load(ref_dir / "out" / "pretrain_64.pth", weights_only=True)
     got_w = torch.load(run_dir / "out" / "pretrain_64.pth", weights_only=True)
     assert not any("_orig_mod" in k for k in got_w) and got_w.keys() == ref_w.keys()

@@ -16,8 +16,8 @@ def load_out(run_dir: Path) -> dict:
 @pytest.mark.slow  # five 2-process runs: under a minute (make test-slow)
 def test_ddp_killed_and_resumed_on_two_and_on_one(tmp_path: Path) -> None:
     need_shared()
-    ddp = tiny_args(epochs=2, accumulate=2, save_interval=5, devices=2)
-    single_args = tiny_args(epochs=2, accumulate=2, save_interval=5, devices=1)
+    ddp = tiny_args(epochs=2, accumulate=2, save_interval=4, devices=2)
+    single_args = tiny_args(epochs=2, accumulate=2, save_interval=4, devices=1)
     ref_dir, killed_dir = tmp_path / "ref", tmp_path / "killed"
     ref_dir.mkdir(), killed_dir.mkdir()
 
@@ -33,30 +33,30 @@ def test_ddp_killed_and_resumed_on_two_and_on_one(tmp_path: Path) -> None:
         seeds.append(generator.initial_seed())
     assert seeds == [42, 43]
 
-    # killed (whole process group) right after the 9th file commit: the export of epoch 2's step-5 save
+    # killed (whole process group) right after the 9th file commit: the export of epoch 2's step-4 save
     killed = run_cli(killed_dir, ddp + ["--ckpt_path", "last"], env=cli_env(LIT_MINIMIND_TEST_STOP_AFTER_SAVE="9"))
     assert killed.returncode == -9 and "@@stopped-after-save" in killed.stdout
     resumed = run_cli(killed_dir, ddp + ["--ckpt_path", "last"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert_resumed(resumed, 2, 6)
-    assert resumed.steps == {(2, 6): ref.steps[(2, 6)]}, "the resumed run trains exactly epoch 2's last batch"
+    assert_resumed(resumed, 2, 5)
+    assert resumed.steps == {k: ref.steps[k] for k in [(2, 5), (2, 6)]}, "the resumed run trains epoch 2's last two"
     ref_out, got_out = load_out(ref_dir), load_out(killed_dir)
     assert got_out.keys() == ref_out.keys() and ref_out
     assert all(torch.equal(ref_out[k], got_out[k]) for k in ref_out)
 
-    # the same 2-process checkpoint (epoch 1, step 5 of 6) resumed on a single process
+    # the same 2-process checkpoint (epoch 1, step 4 of 6) resumed on a single process
     one_dir = tmp_path / "one"
     one_dir.mkdir()
-    # SIGKILLed inside the 4th file write: the step-5 save (3 files) is complete, the epoch-end one is not
+    # SIGKILLed inside the 4th file write: the step-4 save (3 files) is complete, the epoch-end one is not
     half = run_cli(one_dir, ddp + ["--ckpt_path", "last"], env=cli_env(LIT_MINIMIND_TEST_STOP_IN_SAVE="4"))
     assert half.returncode == -9
     ckpts = sorted((one_dir / "checkpoints").glob("*.ckpt"))
     assert ckpts, "no checkpoint was written before the kill"
     single = run_cli(one_dir, single_args + ["--ckpt_path", "last"])
     assert single.returncode == 0, single.stderr[-3000:]
-    assert "world size changed (2→1): step 5 → 10" in single.stderr
-    assert_resumed(single, 1, 11)
-    assert sorted(single.steps) == [(1, 11), (1, 12)] + [(2, s) for s in range(1, 13)]
+    assert "world size changed (2→1): step 4 → 8" in single.stderr
+    assert_resumed(single, 1, 9)
+    assert sorted(single.steps) == [(1, s) for s in range(9, 13)] + [(2, s) for s in range(1, 13)]
     resume = torch.load(one_dir / "checkpoints" / "pretrain_64_resume.pth", weights_only=True)
     assert resume["world_size"] == 1 and resume["epoch"] == 1 and resume["step"] == 12
 
@@ -95,18 +95,18 @@ def test_each_rank_validates_its_share_of_the_validation_split() -> None:
 
 @pytest.mark.slow
 def test_one_process_checkpoint_resumes_on_two(tmp_path: Path) -> None:
-    """Saved by 1 process at step 5 of 12, resumed on 2 (6 batches per rank): MiniMind's rule
-    ``step * 1 // 2`` = 2 per rank (4 of the 5 trained batches; the 5th is trained again), the window's
-    partial gradients dropped with a warning, and both epochs finish."""
+    """Saved by 1 process at step 6 of 12 (due at 5, taken at its optimizer step), resumed on 2 (6 batches
+    per rank): MiniMind's rule ``step * 1 // 2`` = 3 per rank, which is inside a 2-batch window: said in
+    one line (no partial gradient is saved), and both epochs finish."""
     need_shared()
     one = tiny_args(epochs=2, accumulate=2, save_interval=5)
     killed = run_cli(tmp_path, one, env=cli_env(LIT_MINIMIND_TEST_STOP_AFTER_SAVE="3"))
     assert killed.returncode == -9 and "@@stopped-after-save" in killed.stdout
     two = run_cli(tmp_path, tiny_args(epochs=2, accumulate=2, save_interval=5, devices=2) + ["--ckpt_path", "last"])
     assert two.returncode == 0, two.stderr[-3000:]
-    assert "world size changed (1→2): step 5 → 2" in two.stderr
-    assert "partial gradients are dropped" in two.stderr
-    assert_resumed(two, 1, 3)
-    assert sorted(two.steps) == [(1, s) for s in range(3, 7)] + [(2, s) for s in range(1, 7)]
+    assert "world size changed (1→2): step 6 → 3" in two.stderr
+    assert "holds no partial gradients" in two.stderr
+    assert_resumed(two, 1, 4)
+    assert sorted(two.steps) == [(1, s) for s in range(4, 7)] + [(2, s) for s in range(1, 7)]
     resume = torch.load(tmp_path / "checkpoints" / "pretrain_64_resume.pth", weights_only=True)
     assert (resume["world_size"], resume["epoch"], resume["step"]) == (2, 1, 6)

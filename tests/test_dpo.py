@@ -249,8 +249,9 @@ def test_embedded_sft_then_lora_and_dpo_then_chat(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", ["lora", "dpo"])
 def test_ddp_two_processes_killed_mid_window_resume_exactly(tmp_path: Path, stage: str) -> None:
-    """LoRA and DPO under DDP (gloo, 2 processes): SIGKILLed after a save inside an accumulation window
-    (step 3, accumulation 2), resumed: the per-step values and final weights of the uninterrupted run.
+    """LoRA and DPO under DDP (gloo, 2 processes): SIGKILLed after the save that fell due inside an
+    accumulation window (step 3, accumulation 2) and was taken at its optimizer step (4), resumed: the
+    per-step values and final weights of the uninterrupted run.
     The DPO reference is outside DDP (each rank rebuilds it from --from_weight)."""
     from test_lora import tiny_lora_args
 
@@ -262,11 +263,14 @@ def test_ddp_two_processes_killed_mid_window_resume_exactly(tmp_path: Path, stag
     ref = run_cli(ref_dir, args)
     assert ref.returncode == 0, ref.stderr[-3000:]
     assert len(ref.steps) == 10  # 2 epochs x 5 batches per rank
-    killed = run_cli(kill_dir, args + ["--ckpt_path", "last"], kill_after_lines=4)
-    assert killed.returncode == -9
+    from conftest import cli_env
+
+    # killed right after the step-4 save's last file (its export, the 3rd commit)
+    killed = run_cli(kill_dir, args + ["--ckpt_path", "last"], env=cli_env(LIT_MINIMIND_TEST_STOP_AFTER_SAVE="3"))
+    assert killed.returncode == -9 and "@@stopped-after-save" in killed.stdout
     resumed = run_cli(kill_dir, args + ["--ckpt_path", "last"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resuming epoch 1 at step 4/5" in resumed.stderr  # the step-3 save, mid window (its partial gradients)
+    assert "resuming epoch 1 at step 5/5" in resumed.stderr  # from the step-4 save
     for key, values in resumed.steps.items():
         assert values == ref.steps[key], f"step {key} differs after the DDP resume"
     name = "out/lora_medical_64.pth" if stage == "lora" else "out/dpo_64.pth"

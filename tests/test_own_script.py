@@ -13,13 +13,15 @@ import torch
 from conftest import TINY_JSONL, TOKENIZER, Run, assert_resumed, cli_env, expected_resume, need_shared, readme_script, run_cli
 
 
-def write_script(run_dir: Path, *, replace: tuple[str, str] | None = None) -> list[str]:
+def write_script(run_dir: Path, *, replace: tuple | None = None) -> list[str]:
+    """The README's script in ``run_dir``; ``replace``: one (old, new) edit or a tuple of them."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "train.py").write_text(readme_script(replace))
+    edits = () if replace is None else replace if isinstance(replace[0], tuple) else (replace,)
+    (run_dir / "train.py").write_text(readme_script(*edits))
     return [sys.executable, "train.py"]
 
 
-def run_script(run_dir: Path, *, kill_after_lines: int | None = None, replace: tuple[str, str] | None = None,
+def run_script(run_dir: Path, *, kill_after_lines: int | None = None, replace: tuple | None = None,
                **env: str) -> Run:
     return run_cli(run_dir, [str(TINY_JSONL), str(TOKENIZER)], command=write_script(run_dir, replace=replace),
                    kill_after_lines=kill_after_lines, env=cli_env(**env))
@@ -79,15 +81,17 @@ def test_own_checkpoint_plugin_is_refused_at_setup(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_own_script_under_ddp_killed_and_rerun_resumes_exactly(tmp_path: Path) -> None:
     need_shared()
-    ddp = ('accelerator="cpu"', 'accelerator="cpu", devices=2, strategy="ddp"')
+    # 6 batches per rank: save_interval 4 (a window's end) saves mid-epoch
+    ddp = (('accelerator="cpu"', 'accelerator="cpu", devices=2, strategy="ddp"'),
+           ("ResumeCallback(save_interval=5)", "ResumeCallback(save_interval=4)"))
     ref = run_script(tmp_path / "ref", replace=ddp)
     assert ref.returncode == 0, ref.stderr[-3000:]
     run_dir = tmp_path / "killed"
-    # 6 batches per rank: killed (both ranks) once the step-5 save's first MiniMind file is committed
+    # killed (both ranks) once the step-4 save's first MiniMind file is committed
     first = run_script(run_dir, replace=ddp, LIT_MINIMIND_TEST_STOP_AFTER_SAVE="1:.pth")
     assert first.returncode == -9 and "@@stopped-after-save" in first.stdout
-    assert expected_resume(run_dir, "pretrain_64", iters=6) == (1, 6)
+    assert expected_resume(run_dir, "pretrain_64", iters=6) == (1, 5)
     second = run_script(run_dir, replace=ddp)
     assert second.returncode == 0, second.stderr[-3000:]
-    assert_resumed(second, 1, 6)
+    assert_resumed(second, 1, 5)
     assert_same_run(ref, tmp_path / "ref", [first, second], run_dir)

@@ -45,18 +45,18 @@ def copy_checkpoint(ref_dir: Path, epoch: int, step: int, to: Path) -> None:
 @pytest.mark.slow
 def test_a_rank_that_sees_another_newest_file_loads_rank_0s_choice(tmp_path: Path) -> None:
     """Two SLURM tasks (DDP on gloo), each in its own working directory: rank 0's ``checkpoints/``
-    holds epoch 1 step 5, rank 1's also a newer epoch 2 step 5. Both load rank 0's file; the resumed
+    holds epoch 1 step 4, rank 1's also a newer epoch 2 step 4. Both load rank 0's file; the resumed
     run ends exactly as the uninterrupted one."""
     need_shared()
-    config = tiny_args(epochs=2, accumulate=2, save_interval=5, devices=2)
+    config = tiny_args(epochs=2, accumulate=2, save_interval=4, devices=2)
     ref_dir = tmp_path / "ref"
     ref_dir.mkdir()
     ref = run_cli(ref_dir, config + ["--resume.keep_last", "100"])
     assert ref.returncode == 0, ref.stderr[-3000:]
     node0, node1 = tmp_path / "node0", tmp_path / "node1"
-    copy_checkpoint(ref_dir, 0, 5, node0)
-    copy_checkpoint(ref_dir, 0, 5, node1)
-    copy_checkpoint(ref_dir, 1, 5, node1)  # only rank 1 sees it
+    copy_checkpoint(ref_dir, 0, 4, node0)
+    copy_checkpoint(ref_dir, 0, 4, node1)
+    copy_checkpoint(ref_dir, 1, 4, node1)  # only rank 1 sees it
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -79,11 +79,11 @@ def test_a_rank_that_sees_another_newest_file_loads_rank_0s_choice(tmp_path: Pat
     out = [(o.seek(0), o.read(), e.seek(0), e.read()) for o, e in logs]
     assert codes == [0, 0], out[0][3][-3000:] + out[1][3][-3000:]
     (line,) = [ln for ln in out[1][3].splitlines() if "--ckpt_path: this rank saw" in ln]
-    assert line.startswith("[rank 1]") and "_e1_s5_" in line and f"choice {node0 / 'checkpoints'}" in line
-    assert "_e0_s5_" in line.split("choice")[1]
+    assert line.startswith("[rank 1]") and "_e1_s4_" in line and f"choice {node0 / 'checkpoints'}" in line
+    assert "_e0_s4_" in line.split("choice")[1]
     assert "this rank saw" not in out[0][3]
     steps = {(int(m[0]), int(m[2])): (m[4], m[5], m[6], m[7]) for m in LINE_RE.findall(out[0][1])}
-    assert min(steps) == (1, 6) and max(steps) == (2, 6)
+    assert min(steps) == (1, 5) and max(steps) == (2, 6)
     for key, values in steps.items():
         assert values == ref.steps[key], f"step {key} differs"
     ref_w = torch.load(ref_dir / "out" / "pretrain_64.pth", weights_only=True)

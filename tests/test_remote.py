@@ -123,20 +123,6 @@ def remote_position(s3: S3, iters: int = 12) -> tuple[int, int] | None:
     return (epoch + 2, 1) if step >= iters else (epoch + 1, step + 1)
 
 
-def assert_shards_committed(s3: S3) -> int:
-    """Every committed remote checkpoint's partial-gradient shards (a save inside an accumulation window)
-    are committed beside it, with the size and CRC-32 it lists; returns how many checkpoints have shards."""
-    fs = s3.fs()
-    with_shards = 0
-    for path in fs.glob(f"{s3.bucket}/run/checkpoints/*.ckpt.manifest.json"):
-        for entry in json.loads(fs.cat_file(path)).get("shards") or []:
-            shard = json.loads(fs.cat_file(f"{s3.bucket}/run/checkpoints/{entry['file']}.manifest.json"))
-            assert (shard["size"], shard["crc32"]) == (entry["size"], entry["crc32"])
-            assert fs.info(f"{s3.bucket}/run/checkpoints/{entry['file']}")["size"] == entry["size"]
-            with_shards += 1
-    return with_shards
-
-
 def assert_no_secret(*roots: Path, texts: tuple[str, ...] = ()) -> None:
     for text in texts:
         assert SECRET not in text
@@ -209,7 +195,7 @@ def test_killed_runs_resumed_on_fresh_machines_from_the_bucket_are_bit_identical
     assert ref.returncode == 0, ref.stderr[-3000:]
 
     rng = random.Random("remote-kills")
-    runs, dirs, mid_window = [], [], 0
+    runs, dirs = [], []
     for i in range(3):
         run_dir = tmp_path / f"machine{i}"
         run_dir.mkdir()
@@ -222,7 +208,6 @@ def test_killed_runs_resumed_on_fresh_machines_from_the_bucket_are_bit_identical
         if want is not None:
             assert_resumed(run, *want)
             assert "CRC-32 checked" in run.stdout
-        mid_window += assert_shards_committed(s3)
         if run.returncode == 0:
             break
         assert run.returncode == -9, run.stderr[-3000:]
@@ -293,7 +278,6 @@ def test_ddp_run_killed_then_resumed_on_a_fresh_machine_from_the_bucket_is_bit_i
     assert killed.returncode == -9, killed.stderr[-3000:]
     want = remote_position(s3, iters=6)
     assert want is not None
-    assert assert_shards_committed(s3) >= 1, "step 3 is inside a window: its two shards are on the remote"
     resumed = run_watching(fresh, remote, s3.env())
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_resumed(resumed, *want)

@@ -117,12 +117,12 @@ def test_ddp_run_logs_from_rank_zero_into_one_run_across_a_kill(tmp_path: Path) 
     2 processes, it continues that run, and each optimizer step is logged once with one value."""
     need_shared()
     args = wandb_args() + tiny_args(epochs=1, save_interval=3, devices=2) + ["--ckpt_path", "last"]
-    # 3 file commits a save: the 3rd is step 3's export, its checkpoint committed
+    # 3 file commits a save: the 3rd is the export of the save due at step 3, taken at step 4
     killed = run_cli(tmp_path, args, env=cli_env(LIT_MINIMIND_TEST_STOP_AFTER_SAVE="3"))
     assert killed.returncode == -9 and "@@stopped-after-save" in killed.stdout
     resumed = run_cli(tmp_path, args)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert_resumed(resumed, 1, 4)
+    assert_resumed(resumed, 1, 5)
     runs = [run_summary(d) for d in sorted((tmp_path / "wandb").glob("offline-run-*"))]
     assert len(runs) == 2, "one wandb run per start (rank 0's), never one per rank"
     assert runs[0]["id"] == runs[1]["id"]
