@@ -34,7 +34,8 @@ def assert_steps(got: dict, expected: list[dict]) -> None:
 
 def test_minimind_argv_reproduces_its_run_then_resume_with_nothing_left(tmp_path: Path) -> None:
     need_shared()
-    run = run_cli(tmp_path, minimind_argv("dense_full"))  # progress bar on, as a user sees it
+    # the progress bar on, as a user sees it in a terminal (piped, the CLI prints plain progress lines unless asked)
+    run = run_cli(tmp_path, minimind_argv("dense_full") + ["--trainer.enable_progress_bar", "true"])
     assert run.returncode == 0, run.stderr[-3000:]
     mapping = next(line for line in run.stdout.splitlines() if line.startswith("MiniMind flags: "))
     for pair in ["--epochs 1 -> --trainer.max_epochs 1", "--dtype float32 -> --trainer.precision 32-true",

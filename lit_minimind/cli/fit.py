@@ -9,7 +9,6 @@ LightningCLI's (``--model.*``, ``--data.*``, ``--trainer.*``, ``--config``) plus
 
 from __future__ import annotations
 
-import argparse
 import inspect
 import logging
 import os
@@ -28,11 +27,13 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lit_minimind.callbacks import MiniMindConsole, ResumeCallback
 from lit_minimind.callbacks.preemption import LOST_PEER_EXIT, STOP, cluster_plugins, lost_peer_advice, requeue_if_preempted
 from lit_minimind.callbacks.preflight import check_run_dirs
-from lit_minimind.callbacks.progress import MiniMindProgressBar
+from lit_minimind.callbacks.progress import MiniMindProgressBar, PlainProgress
 from lit_minimind.callbacks.remote import REMOTE_BEHIND_EXIT
 from lit_minimind.cli.export import export_after_fit
 from lit_minimind.cli.flags import help_epilog, mapping_line, name_origins, translate
 from lit_minimind.cli.from_weight import load_start_weights, weight_path
+from lit_minimind.cli.help import DESCRIPTION, HELP_TRAINER, PROG, USAGE, HelpFormatter, arrange
+from lit_minimind.cli.output import MiniMindSummary, hide_harmless_noise, lines_start_lines
 from lit_minimind.cli.presets import DEFAULT_CONFIG, resolve_presets  # lit_minimind/conf, in the package
 from lit_minimind.cli.stage import apply_stage_defaults
 from lit_minimind.cli.validate import parse_error_line, validate
@@ -70,14 +71,18 @@ class MiniMindCLI(LightningCLI):
         parser.add_argument("--export_hf", type=str | None, default=None,
                             help="after training, write the final weights as a Hugging Face directory (Qwen3 / "
                             "Qwen3-MoE, fp16, with the tokenizer) to DIR, replacing an earlier export there")
+        arrange(parser)  # --help: the project's groups first, the Trainer's last (lit_minimind.cli.help)
 
     def parse_arguments(self, parser: Any, args: Any) -> None:
         """jsonargparse's errors (raised: exit_on_error=False) as one line naming the flag."""
         self.given_args = list(args)  # for apply_stage_defaults
+        if HELP_TRAINER in args:  # --help with Lightning's full text of each --trainer.* flag
+            HelpFormatter.full_trainer = True
+            args = ["--help" if a == HELP_TRAINER else a for a in args]
         try:  # args is main()'s translated argv: parse it as the command line (no "args and sys.argv" warning)
             self.config = parser.parse_args(args)
         except ArgumentError as err:
-            flags = re.findall(r"--[\w.]+", parser.format_usage())
+            flags = sorted({s for a in parser._actions for s in a.option_strings if s.startswith("--")})
             raise UsageError(parse_error_line(str(err), flags)) from None
         validate(self.config)  # every value a user can type, before anything is seeded or built
 
@@ -86,8 +91,14 @@ class MiniMindCLI(LightningCLI):
             rank_zero_print(line)
         trainer = self.config.get("trainer")
         own_bar = any("ProgressBar" in str(getattr(cb, "class_path", cb)) for cb in trainer.get("callbacks") or [])
-        if trainer.get("enable_progress_bar") is not False and not own_bar:
-            self.trainer_defaults["callbacks"] = [MiniMindProgressBar()]  # 1-based epochs, as the console
+        given = trainer.get("enable_progress_bar")  # None: not given; false: no bar, no progress lines
+        if given is not False and not own_bar:  # 1-based epochs, as the console
+            # a log file (stdout not a terminal): plain progress lines, unless the bar is asked for explicitly
+            terminal = sys.stdout.isatty() or given is True
+            self.trainer_defaults["callbacks"] = [MiniMindProgressBar() if terminal else PlainProgress()]
+        own_summary = any("ModelSummary" in str(getattr(cb, "class_path", cb)) for cb in trainer.get("callbacks") or [])
+        if trainer.get("enable_model_summary") is not False and not own_summary:  # plain text, no "FLOPs: 0"
+            self.trainer_defaults.setdefault("callbacks", []).append(MiniMindSummary())
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
         """SLURM's plugins join the ``--trainer.plugins`` given (ResumeCallback installs its checkpoint storage)."""
@@ -213,17 +224,20 @@ def main(args: list[str] | None = None) -> int:
     """Run the CLI on ``args`` (default ``sys.argv[1:]``); returns the exit code (2: a user error)."""
     STOP.install()  # a stop signal from here on is honoured (exit 0, nothing lost), even during start-up
     STOP.hold_sigterm()  # no Lightning SIGTERM handler (a broadcast under DDP) runs before training starts
+    restore_streams = lines_start_lines()  # an error: line, a warning never continues a progress bar's line
     try:
         return run_fit(args)
     finally:
         STOP.release_sigterm()  # (training released it already, unless it never started)
+        restore_streams()
 
 
 def run_fit(args: list[str] | None) -> int:
     """:func:`main` once the stop signals are handled."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # Lightning 2.6's own use of a torch API that torch 2.13 deprecates: noise for our users
-    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+    # Lightning's notices a user cannot act on (its tips, "GPU available", torch's LeafSpec deprecation in
+    # Lightning 2.6, ...): filtered unless LIT_MINIMIND_VERBOSE=1 (lit_minimind.cli.output)
+    hide_harmless_noise()
     wandb_offline_without_credentials()
     wandb_flush_often()
     origins: dict[str, str] = {}
@@ -242,7 +256,8 @@ def run_fit(args: list[str] | None) -> int:
             # the embedded default is the base of every run; flags and --config presets override it;
             # parse errors are raised (not exit(2) with the usage) and printed as one line
             parser_kwargs={"default_config_files": [str(DEFAULT_CONFIG)], "exit_on_error": False,
-                           "epilog": help_epilog(), "formatter_class": argparse.RawDescriptionHelpFormatter},
+                           "epilog": help_epilog(), "formatter_class": HelpFormatter, "prog": PROG,
+                           "usage": USAGE, "description": DESCRIPTION},
             seed_everything_default=42,
             save_config_kwargs={"overwrite": True},
             auto_configure_optimizers=False,  # AdamW + MiniMind's LR rule live in LitMiniMind

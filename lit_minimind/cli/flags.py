@@ -40,15 +40,20 @@ WANDB_PROJECT = "MiniMind-Pretrain"  # MiniMind's default --wandb_project
 
 
 def help_epilog() -> str:
-    """What ``--help`` says of MiniMind's flags (they are translated before the parser sees them)."""
+    """What ``--help`` says of MiniMind's flags (they are translated before the parser sees them): every
+    flag of ``MINIMIND_FLAGS``, the flags of MiniMind's four training scripts."""
     pairs = [f"--{k} -> {v}" for k, v in SIMPLE.items()]
     pairs += ["--dtype bfloat16|float16|float32 -> --trainer.precision bf16-mixed|16-mixed|32-true",
-              "--device cpu|cuda|cuda:N -> --trainer.accelerator/--trainer.devices",
+              "--device cpu|mps|cuda|cuda:N -> --trainer.accelerator/--trainer.devices",
               "--use_moe 0|1 -> --model.use_moe", "--from_resume 1 -> --ckpt_path last",
               "--use_compile 0|1 -> --model.compile", "--use_wandb [--wandb_project P] -> a WandbLogger",
+              "--wandb_project P: the project of --use_wandb (alone it does nothing, as in MiniMind)",
+              f"--lora_name NAME -> --resume.weight NAME --model.lora_rank {LORA_RANK} (train_lora.py; "
+              "the rank unless --model.lora_rank is given)",
               "--log_interval, --from_weight: the same"]
-    return ("MiniMind's train_pretrain.py flags are accepted too (--flag value or --flag=value, mixed with the "
-            "flags above; later ones win):\n  " + "\n  ".join(pairs))
+    return ("MiniMind's flags (trainer/train_pretrain.py, train_full_sft.py, train_lora.py, train_dpo.py) are "
+            "accepted too\n(--flag value or --flag=value, mixed with the flags above; later ones win):\n  "
+            + "\n  ".join(pairs))
 
 
 @dataclass

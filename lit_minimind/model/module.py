@@ -56,8 +56,15 @@ class LitMiniMind(L.LightningModule):
     resume with another file is refused.
 
     Args:
-        hidden_size, num_hidden_layers, use_moe, num_attention_heads, num_key_value_heads,
-        vocab_size, num_experts, num_experts_per_tok, dropout: :class:`MiniMindConfig` fields.
+        hidden_size: width of the model (MiniMind's ``--hidden_size``: 512 small, 768 the default).
+        num_hidden_layers: number of transformer blocks (MiniMind's ``--num_hidden_layers``).
+        use_moe: mixture-of-experts feed-forward layers (MiniMind's ``--use_moe 1``).
+        num_attention_heads: attention (query) heads per layer.
+        num_key_value_heads: key/value heads per layer (grouped-query attention; must divide num_attention_heads).
+        vocab_size: token embeddings; the tokenizer's vocabulary (MiniMind's 6400).
+        num_experts: experts per MoE layer (with ``use_moe``).
+        num_experts_per_tok: experts each token is routed to (with ``use_moe``).
+        dropout: dropout probability in the model (MiniMind: 0).
         learning_rate: peak LR of MiniMind's cosine rule.
         warmup_steps: linear warmup in micro-batches (0 = MiniMind).
         weight_decay: AdamW weight decay (torch's default 0.01, as MiniMind).
