@@ -73,7 +73,10 @@ class ResumeCallback(ModelCheckpoint):
             its resumes, one run id) keeps its own newest ``keep_last``; other runs' files are never pruned by it.
         keep_runs: also bound the runs: at a run's first save, the checkpoints of all but the newest
             ``keep_runs`` runs of this ``ckpt_dir`` and stem are removed (this run's never). Unset: every run's stay.
-        save_every_minutes: also save when this many minutes passed since the last save.
+        save_every_minutes: also save when this many minutes passed since the last save; ``"auto"``: every
+            Young/Daly interval ``sqrt(2 * save cost * MTBF)``, at least 20 save costs (schedule.SaveSchedule).
+        mtbf: with ``save_every_minutes="auto"``: the mean time between interruptions, in seconds (unset:
+            the run's own, from its resumes; with none yet 1 h).
         async_save: write in the background: the loop blocks only to snapshot the state (at most one
             save in flight; a failed write stops training at the next optimizer step).
         upload_timeout: with a remote ``ckpt_dir``/``out_dir`` (an fsspec URL, :mod:`lit_minimind.callbacks.remote`): how
@@ -81,9 +84,10 @@ class ResumeCallback(ModelCheckpoint):
     """
 
     def __init__(self, save_interval: int = 1000, out_dir: str = "out", ckpt_dir: str = "checkpoints",
-                 weight: str = "pretrain", keep_last: int = 2, save_every_minutes: float | None = None,
-                 async_save: bool = True, upload_timeout: float = 300.0, keep_runs: int | None = None) -> None:
-        self.schedule = SaveSchedule(save_interval, save_every_minutes)
+                 weight: str = "pretrain", keep_last: int = 2, save_every_minutes: float | str | None = None,
+                 async_save: bool = True, upload_timeout: float = 300.0, keep_runs: int | None = None,
+                 mtbf: float | None = None) -> None:
+        self.schedule = SaveSchedule(save_interval, save_every_minutes, mtbf)
         # a URL directory: the files are written to a local staging directory, then uploaded (callbacks.remote)
         self.remote = RemoteCheckpoints.of(ckpt_dir, out_dir, keep_last)
         if upload_timeout < 0:
@@ -143,10 +147,12 @@ class ResumeCallback(ModelCheckpoint):
     # ------------------------------------------------------------------ state (Lightning saves and restores it)
     def state_dict(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "wandb_id": self.wandb_id, "best_val_loss": self.best_val_loss,
-                "resume_records": dict(self.resume_records), "format": CALLBACK_FORMAT_VERSION, "versions": library_versions()}
+                "resume_records": dict(self.resume_records), "format": CALLBACK_FORMAT_VERSION, "versions": library_versions(),
+                "schedule": self.schedule.state_dict()}  # the run's seconds and starts (its MTBF), save costs
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.run_id = state_dict.get("run_id") or self.run_id
+        self.schedule.load_state_dict(state_dict.get("schedule"))
         self.wandb_id = state_dict.get("wandb_id")
         self.best_val_loss = state_dict.get("best_val_loss")
         self.resume_records = dict(state_dict.get("resume_records") or {})
@@ -440,7 +446,7 @@ class ResumeCallback(ModelCheckpoint):
                 publish()  # another storage plugin: synchronous, its errors raise
         if not (self.async_save and isinstance(io, SafeCheckpointIO)):
             self._raise_if_failed(trainer, self._take_io_error(trainer), self._in_flight)
-        self.schedule.saved()
+        self.schedule.saved(time.monotonic() - started)  # the loop's whole wait for this save (the auto interval's cost)
         self._last_saved = (epoch, step)
         self.last_model_path = str(path)
 

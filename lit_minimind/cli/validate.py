@@ -18,7 +18,8 @@ BOUNDS: list[tuple[str, str, float]] = [
     ("log_interval", ">=", 1),
     ("resume.save_interval", ">=", 1),
     ("resume.keep_last", ">=", 1),
-    ("resume.save_every_minutes", ">", 0),
+    ("resume.save_every_minutes", ">", 0),  # or "auto"
+    ("resume.mtbf", ">", 0),
     ("model.learning_rate", ">", 0),
     ("model.hidden_size", ">=", 1),
     ("model.num_hidden_layers", ">=", 1),
@@ -46,7 +47,7 @@ def validate(config: Any) -> None:
     """Raise :class:`UsageError` (``--data.batch_size must be >= 1 (got 0)``) for the first invalid value."""
     for key, op, bound in BOUNDS:
         value = config.get(key)
-        if value is not None and not isinstance(value, bool) and not OPS[op](value, bound):
+        if value is not None and not isinstance(value, (bool, str)) and not OPS[op](value, bound):  # str: 'auto'
             raise UsageError(f"--{key} must be {op} {bound:g} (got {value})")
     hidden, heads, kv = (config.get(f"model.{k}") for k in ("hidden_size", "num_attention_heads", "num_key_value_heads"))
     if hidden // heads < 2 or (hidden // heads) % 2:  # RoPE rotates pairs: the head size must be even
