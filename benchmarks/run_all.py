@@ -1,13 +1,14 @@
 """Run every benchmark (``make bench``): port overhead, checkpoint cost, resume cost, verify speed,
 memory of a DDP save inside an accumulation window, data set-up at MiniMind's size, checkpoints on
-object storage (upload throughput, loop stall with an ``s3://`` directory).
+object storage (upload throughput, loop stall with an ``s3://`` directory), the restart breakdown (where
+the seconds of a resume start go).
 
 Each benchmark prints its table and writes ``<name>.json`` and ``<name>.png`` under the
 results directory (default ``benchmarks/results/``); this script also writes
 ``summary.md`` there with all tables and, after a full run into the default directory,
 refreshes the tables in ``benchmarks/README.md`` (between the ``bench-results`` markers).
 
-``python -m benchmarks.run_all [--quick] [--only overhead checkpoint resume verify data remote] [--results-dir DIR] [--threads N]``
+``python -m benchmarks.run_all [--quick] [--only overhead checkpoint resume verify data remote restart] [--results-dir DIR] [--threads N]``
 
 ``--quick`` runs toy sizes (seconds; what ``tests/test_benchmarks.py`` runs); its numbers
 mean nothing.
@@ -28,6 +29,7 @@ from benchmarks import (
     bench_data,
     bench_overhead,
     bench_remote,
+    bench_restart,
     bench_resume,
     bench_verify,
 )
@@ -40,6 +42,7 @@ BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {
     "verify": bench_verify.run,
     "data": bench_data.run,
     "remote": bench_remote.run,
+    "restart": bench_restart.run,
 }
 README = Path(__file__).resolve().parent / "README.md"
 START, END = "<!-- bench-results:start -->", "<!-- bench-results:end -->"
@@ -125,6 +128,14 @@ def summary(payloads: dict[str, dict[str, Any]]) -> str:
                   "Upload: a bare `s3fs.put_file` vs ours (upload, size + CRC-32 read back from the remote, manifest "
                   "object); loop stall: median time in `ResumeCallback.save` per save, local directories (async save) vs "
                   "`s3://` directories (the same local save, then the background upload).", "", p["table"], ""]
+    if "restart" in payloads:
+        p = payloads["restart"]
+        lines += [f"### 8. Restart breakdown (a resume start of the 64x2 model, launch → first optimizer step; seconds, "
+                  f"lower is better; {p['environment']['date']})", "",
+                  f"{p['reps']} rotated repetitions; phases cut at lines the process prints (`-X importtime`, `Seed set`, "
+                  "Lightning's `Restoring states` / `Restored all states`, the first console line), stamped as read; the "
+                  "parts without a line of their own timed in isolation in a fresh process.", "", p["table"], "",
+                  p["verdict"], ""]
     return "\n".join(lines)
 
 

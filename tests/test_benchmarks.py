@@ -130,6 +130,23 @@ def test_remote_quick(quick_run: tuple[Path, str]) -> None:
 
 
 @pytest.mark.slow  # the quick run of every benchmark: a minute on 2 cores (make test-slow)
+def test_restart_quick(quick_run: tuple[Path, str]) -> None:
+    """The restart breakdown: its phases, cut at lines the resume start printed, add up to launch -> first
+    optimizer step; imports dominate; the isolated parts and the bare import of torch and Lightning are measured."""
+    out, stdout = quick_run
+    data = load(out, "restart")
+    assert data["table"] in stdout and "### 8. Restart breakdown" in (out / "summary.md").read_text()
+    phases = {label: s["median"] for label, s in data["phases_s"].items()}
+    assert len(phases) == 6 and all(v >= 0 for v in phases.values())
+    total = data["launch_to_first_step_s"]["median"]
+    assert sum(phases.values()) == pytest.approx(total, rel=1e-6)  # consecutive spans: nothing counted twice
+    assert phases["imports (torch, Lightning, CLI)"] > 0.25 * total
+    assert positive(data["import_torch_lightning_s"]) and positive(data["launch_to_first_step_plain_s"])
+    assert all(positive(s) for s in data["isolated_parts_s"].values()) and len(data["isolated_parts_s"]) == 3
+    assert {"torch", "lightning"} <= {i["name"] for i in data["top_imports_s"]}
+
+
+@pytest.mark.slow  # the quick run of every benchmark: a minute on 2 cores (make test-slow)
 def test_summary_quick(quick_run: tuple[Path, str]) -> None:
     out, _ = quick_run
     text = (out / "summary.md").read_text()
