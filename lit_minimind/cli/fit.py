@@ -29,6 +29,7 @@ from lit_minimind.callbacks.preemption import LOST_PEER_EXIT, STOP, cluster_plug
 from lit_minimind.callbacks.preflight import check_run_dirs
 from lit_minimind.callbacks.progress import MiniMindProgressBar, PlainProgress
 from lit_minimind.callbacks.remote import REMOTE_BEHIND_EXIT
+from lit_minimind.callbacks.watchdog import Watchdog
 from lit_minimind.cli.export import export_after_fit
 from lit_minimind.cli.flags import help_epilog, mapping_line, name_origins, translate
 from lit_minimind.cli.from_weight import load_start_weights, weight_path
@@ -53,6 +54,7 @@ class MiniMindCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: Any) -> None:
         parser.add_lightning_class_args(ResumeCallback, "resume")
         parser.add_lightning_class_args(MiniMindConsole, "console")
+        parser.add_lightning_class_args(Watchdog, "watchdog")  # hangs end the process (exit 6)
         parser.add_argument("--log_interval", type=int, default=100, help="print MiniMind's console line every N batches")
         parser.link_arguments("log_interval", "console.log_interval")
         parser.add_argument(

@@ -12,6 +12,10 @@ Installed in every process the tests start (``tests/helpers/site/sitecustomize.p
   suffix) stops the process (SIGSTOP) with its tmp file complete, manifest written, not yet renamed;
   ``LIT_MINIMIND_TEST_STOP_AFTER_SAVE`` right after the commit. It prints ``@@stopped-in-save PATH`` /
   ``@@stopped-after-save PATH`` first; a test then SIGKILLs it there, deterministically.
+* ``LIT_MINIMIND_TEST_HANG_IN_SAVE=N[:SUFFIX]``: the N-th commit of a checkpoint file (with that suffix)
+  never returns, as on a filesystem that stopped answering: the thread writing it (the background
+  writer, or the loop with synchronous saves) blocks forever before the rename, the rest of the process
+  runs on. It prints ``@@hanging-in-save PATH`` first.
 
 It replaces, in :mod:`lit_minimind.checkpoint.atomic` only, the ``os`` module and ``open`` it calls
 with wrappers that act on the checkpoint's own files (``NAME.tmp``, ``NAME.manifest.tmp``) and pass
@@ -66,6 +70,19 @@ def pause(moment: str, name: str, path: Any) -> None:
         print(f"@@stopped-{moment}-save {path}", flush=True)
         # to this thread (the background writer, maybe): it stops here, before its next instruction
         signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
+
+
+def hang(name: str, path: Any) -> None:
+    target = os.environ.get("LIT_MINIMIND_TEST_HANG_IN_SAVE")
+    if not target:
+        return
+    count, _, suffix = target.partition(":")
+    if suffix and not name.endswith(suffix):
+        return
+    _commits["hang"] = _commits.get("hang", 0) + 1
+    if _commits["hang"] == int(count):
+        print(f"@@hanging-in-save {path}", flush=True)
+        threading.Event().wait()  # this thread only: the others (the training loop, maybe) go on
 
 
 class _FaultyFile:
@@ -123,6 +140,7 @@ class _Os:
     def replace(src: Any, dst: Any) -> None:
         data = _data_name(src)
         if data:
+            hang(data, src)
             pause("in", data, src)
             fault("rename", data, dst)
         os.replace(src, dst)
@@ -154,4 +172,5 @@ def install() -> None:
 
 
 def wanted() -> bool:
-    return any(k.startswith(("LIT_MINIMIND_TEST_FAIL", "LIT_MINIMIND_TEST_STOP_")) for k in os.environ)
+    return any(k.startswith(("LIT_MINIMIND_TEST_FAIL", "LIT_MINIMIND_TEST_STOP_", "LIT_MINIMIND_TEST_HANG_"))
+               for k in os.environ)
