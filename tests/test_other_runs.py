@@ -107,6 +107,7 @@ def test_a_read_only_directory_stops_the_run_before_anything_is_written(tmp_path
     assert list(ro.iterdir()) == []
 
 
+@pytest.mark.slow  # make test's budget: in make test-slow
 def test_a_full_filesystem_stops_the_run_naming_free_and_needed_space(tmp_path: Path) -> None:
     """checkpoints/ on a 4 MB tmpfs, one checkpoint being 7.5 MB: refused before the first batch, with
     what is free and what one save needs; the estimate is at least what a save really writes."""
@@ -202,6 +203,7 @@ def test_a_copy_of_a_finished_runs_checkpoints_branches_and_never_rewrites_its_l
     assert sorted(ours) == list(range(1, 25)) and ours == theirs
 
 
+@pytest.mark.slow  # make test's budget: in make test-slow
 def test_a_finished_run_extended_continues_its_log_directory(tmp_path: Path) -> None:
     """Resuming a finished run at its newest save (one more epoch) is the same lineage: version_0 continued."""
     need_shared()
@@ -214,6 +216,7 @@ def test_a_finished_run_extended_continues_its_log_directory(tmp_path: Path) -> 
     assert sorted(by_micro_step(csv_rows(tmp_path / "lightning_logs" / "version_0"))) == list(range(1, 25))
 
 
+@pytest.mark.slow  # make test's budget: in make test-slow
 def test_a_run_killed_inside_a_save_continues_and_drops_the_rows_trained_again(tmp_path: Path) -> None:
     """SIGKILL inside the second checkpoint's commit (its line is in saves.jsonl, its .ckpt never renamed):
     the rows beyond the first checkpoint are this lineage's, trained again: dropped, version_0 continued."""
@@ -233,6 +236,7 @@ def test_a_run_killed_inside_a_save_continues_and_drops_the_rows_trained_again(t
     assert [int(r["micro_step"]) for r in csv_rows(log_dir) if r.get("micro_step")] == list(range(1, 13))
 
 
+@pytest.mark.slow  # make test's budget: in make test-slow
 def test_a_finished_run_resumed_from_an_older_checkpoint_by_path_branches(tmp_path: Path) -> None:
     need_shared()
     first = run_cli(tmp_path, tiny_args(epochs=1))
@@ -285,6 +289,7 @@ def run_ids(ckpt_dir: Path) -> dict[str, int]:
     return ids
 
 
+@pytest.mark.slow  # make test's budget: in make test-slow
 def test_keep_last_is_per_run_and_keep_runs_bounds_the_runs_never_the_resumed_one(tmp_path: Path) -> None:
     """Without --resume.keep_runs every run keeps its own keep_last checkpoints; with it, the first save of a
     run removes the runs beyond the newest N, the run being resumed never (here the oldest, resumed by path)."""

@@ -128,6 +128,7 @@ def test_auto_interval_mtbf_zero_is_one_error_line(tmp_path: Path) -> None:
     assert len(errors) == 1 and errors[0].startswith("error: --resume.mtbf must be > 0"), run.stderr
 
 
+@pytest.mark.slow  # make test's budget: in make test-slow
 def test_auto_interval_kill_and_resume_is_exact(tmp_path: Path) -> None:
     """No --resume.mtbf: the first process uses the default (a 12 s interval here: no time-based save but the
     first), is SIGKILLed in epoch 2; the resumed one takes its MTBF from the run's own history (1 interruption)

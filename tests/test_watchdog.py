@@ -132,6 +132,7 @@ def rank_pid(launcher: subprocess.Popen, rank: int) -> int:
     raise AssertionError(f"no process of rank {rank} under {launcher.pid}")
 
 
+@pytest.mark.slow  # make test's budget: in make test-slow
 def test_a_stopped_rank_ends_rank_0_within_the_bound_and_the_resume_is_exact(tmp_path: Path, ddp_reference) -> None:
     """Rank 1 SIGSTOPped mid-epoch (a machine that stops answering: no connection error, gloo waits 30 min):
     rank 0's watchdog ends it within its bound with the line and exit 6; the job killed, ``--ckpt_path last``
@@ -212,6 +213,7 @@ def test_a_save_that_never_finishes_is_named_phase_save(tmp_path: Path, async_sa
     assert max(run.steps) == ((1, 4) if async_save == "true" else (1, 2))
 
 
+@pytest.mark.slow  # make test's budget: in make test-slow
 def test_the_last_save_that_never_finishes_at_the_end_of_training(tmp_path: Path) -> None:
     """The epoch's end is the only save, and its write never returns: the end of training waits for it
     (ResumeCallback.on_train_end), still watched, as a save."""
@@ -227,6 +229,7 @@ def test_the_last_save_that_never_finishes_at_the_end_of_training(tmp_path: Path
     assert max(run.steps) == (1, 12)
 
 
+@pytest.mark.slow  # make test's budget: in make test-slow
 def test_no_false_alarm_for_a_slow_start_a_slow_step_validation_and_epoch_starts(tmp_path: Path) -> None:
     """The first batch takes 5 s (compile, a cold cache: past the 2 s floor, within the start-up bound),
     one later batch 10 x the median batch time, a validation split is validated at each epoch's end, and
@@ -241,6 +244,7 @@ def test_no_false_alarm_for_a_slow_start_a_slow_step_validation_and_epoch_starts
     assert max(run.steps)[0] == 2
 
 
+@pytest.mark.slow  # make test's budget: in make test-slow
 def test_a_c_call_that_holds_the_gil_is_ended_by_faulthandler(tmp_path: Path) -> None:
     """The main thread in a C call that never releases the GIL: no Python thread runs, the watchdog's
     neither; faulthandler's C timer, armed 10 s after the largest bound, dumps the stacks and exits 1."""
