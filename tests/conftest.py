@@ -165,3 +165,11 @@ def readme_script(*edits: tuple[str, str] | None) -> str:
         assert old in text, f"the README's script no longer has {old!r}"
         text = text.replace(old, new)
     return text
+
+
+def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001
+    """Say at the end of a run how many tests skipped because ``../shared`` is not beside the checkout."""
+    skipped = [r for r in terminalreporter.stats.get("skipped", []) if "../shared is absent" in str(r.longrepr)]
+    if skipped:
+        terminalreporter.write_line(f"{len(skipped)} tests skipped: MiniMind's reference data ({MINIMIND}) is absent; "
+                                    "put the project's shared/ folder beside the checkout to run them")

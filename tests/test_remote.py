@@ -159,6 +159,7 @@ def test_last_with_the_endpoint_down_and_no_local_checkpoint_stops_with_one_line
     assert "no local checkpoint" in errors[0] and not run.steps
 
 
+@pytest.mark.slow  # make test's budget
 def test_endpoint_down_at_the_end_exits_5_then_the_local_checkpoint_wins_and_is_uploaded(tmp_path: Path, s3: S3) -> None:
     """The endpoint down the whole run: training is unaffected (local saves go on), the end waits
     ``--resume.upload_timeout`` and exits 5 with one line saying what the remote holds. Rerun on the same

@@ -85,7 +85,7 @@ def run_until_done(run_dir: Path, args: list[str], rng: random.Random, kills: in
     return runs
 
 
-@pytest.mark.parametrize("name", list(SCENARIOS))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "moe" else n for n in SCENARIOS])  # moe: make test-slow (budget)
 def test_kill_anywhere_resume_is_bit_identical(tmp_path: Path, name: str) -> None:
     need_shared()
     extra, moe = SCENARIOS[name]
