@@ -440,11 +440,8 @@ class ResumeCallback(ModelCheckpoint):
                 if self.remote is not None:  # mirrored in the background once committed here
                     self.remote.offer(path, self.files.export(stem), stem, self.run_id)
                 self.save_seconds = (self.save_seconds[0], time.monotonic() - started)
-            if isinstance(io, SafeCheckpointIO):
-                io.submit(publish)  # after the checkpoint's commit; skipped if that failed
-            else:
-                publish()  # another storage plugin: synchronous, its errors raise
-        if not (self.async_save and isinstance(io, SafeCheckpointIO)):
+            io.submit(publish)  # after the checkpoint's commit; skipped if that failed (setup installed io)
+        if not self.async_save:
             self._raise_if_failed(trainer, self._take_io_error(trainer), self._in_flight)
         self.schedule.saved(time.monotonic() - started)  # the loop's whole wait for this save (the auto interval's cost)
         self._last_saved = (epoch, step)
