@@ -11,9 +11,9 @@ from typing import Any
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from lit_minimind.callbacks.runs import describe_resume_link, prune_runs, usable_resume_link
-from lit_minimind.checkpoint.atomic import atomic_link, atomic_save, read_manifest
-from lit_minimind.checkpoint.names import minimind_file_names
+from lit_minimind.callbacks.runs import describe_resume_link, prune_runs, run_of, usable_resume_link
+from lit_minimind.checkpoint.atomic import atomic_link, atomic_save, read_manifest, remove_file
+from lit_minimind.checkpoint.names import CheckpointName, expired, minimind_file_names
 from lit_minimind.checkpoint.read import verify_checkpoint, verify_manifest
 from lit_minimind.errors import CheckpointError
 from lit_minimind.resume.io import SafeCheckpointIO
@@ -39,8 +39,8 @@ class CheckpointFiles:
         self.ckpt_dir, self.out_dir, self.weight, self.keep_last = Path(ckpt_dir), Path(out_dir), weight, keep_last
         self.keep_runs, self._runs_pruned = keep_runs, False
 
-    def checkpoint(self, stem: str, epoch: int, step: int, global_step: int, run_id: str) -> Path:
-        return self.ckpt_dir / f"{stem}_e{epoch}_s{step}_g{global_step}_{run_id}.ckpt"
+    def checkpoint(self, name: CheckpointName) -> Path:
+        return self.ckpt_dir / str(name)
 
     def best(self, stem: str) -> Path:
         return self.ckpt_dir / f"{stem}_best.ckpt"
@@ -76,10 +76,9 @@ class CheckpointFiles:
     def prune(self, stem: str, run_id: str) -> None:
         """Keep the newest ``keep_last`` checkpoints of this run (never another run's files); with
         ``keep_runs``, at this process's first save, only the newest ``keep_runs`` runs' checkpoints."""
-        ours = sorted((p for p in self.ckpt_dir.glob(f"{stem}_e*_s*_g*.ckpt") if read_manifest(p).get("run_id") == run_id),
-                      key=save_order_key, reverse=True)
-        for old in ours[self.keep_last:]:
-            SafeCheckpointIO().remove_checkpoint(old)
+        saves = ((p, run_of(p), save_order_key(p)) for p in CheckpointName.find(self.ckpt_dir, stem))
+        for old in expired(saves, run_id, self.keep_last):
+            remove_file(old)
         if self.keep_runs is not None and not self._runs_pruned:
             self._runs_pruned = True
             prune_runs(self.ckpt_dir, stem, run_id, self.keep_runs)
@@ -104,7 +103,7 @@ def resolve_last(ckpt_dir: str | Path, stem: str, verify: bool = True) -> Path |
     ``verify=False``: the newest candidate, unread (what a DDP rank other than 0 looks at).
     """
     ckpt_dir = Path(ckpt_dir)
-    candidates = list(ckpt_dir.glob(f"{stem}_e*_s*_g*.ckpt"))
+    candidates = CheckpointName.find(ckpt_dir, stem)
     minimind_resume = ckpt_dir / minimind_file_names(stem)[1]
     if minimind_resume.exists() and usable_resume_link(minimind_resume, stem):
         candidates.append(minimind_resume)

@@ -24,15 +24,13 @@ A directory without ``saves.jsonl`` (written before it existed) is continued as 
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
 from lit_minimind.checkpoint.atomic import atomic_open
-from lit_minimind.checkpoint.names import RESUME_STATE_KEY
+from lit_minimind.checkpoint.names import RESUME_STATE_KEY, CheckpointName
 
 LEDGER = "saves.jsonl"
-_NAME = re.compile(r"_e(\d+)_s(\d+)_g(\d+)_([0-9A-Za-z]+)\.ckpt$")
 
 
 def read_ledger(log_dir: str | Path) -> list[dict[str, Any]] | None:
@@ -62,12 +60,11 @@ def append(log_dir: str | Path, entry: dict[str, Any]) -> None:
 def save_entry(checkpoint: str | Path) -> dict[str, Any] | None:
     """The line of a ResumeCallback save (None for another file: a ModelCheckpoint of yours)."""
     path = Path(checkpoint)
-    match = _NAME.search(path.name)
-    if match is None:
+    name = CheckpointName.parse(path.name)
+    if name is None:
         return None
-    epoch, step, global_step, run_id = match.groups()
-    return {"checkpoint": path.name, "dir": str(path.absolute().parent), "epoch": int(epoch), "step": int(step),
-            "global_step": int(global_step), "run_id": run_id}
+    return {"checkpoint": path.name, "dir": str(path.absolute().parent), "epoch": name.epoch, "step": name.step,
+            "global_step": name.global_step, "run_id": name.run_id}
 
 
 def checkpoint_position(ckpt: dict[str, Any]) -> dict[str, Any]:

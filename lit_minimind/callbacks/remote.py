@@ -21,7 +21,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from lit_minimind.callbacks.files import choose_checkpoint, resolve_last
 from lit_minimind.checkpoint.atomic import read_manifest
-from lit_minimind.checkpoint.names import minimind_file_names
+from lit_minimind.checkpoint.names import CheckpointName, minimind_file_names
 from lit_minimind.checkpoint.remote import RemoteDir, is_url
 from lit_minimind.errors import CheckpointError
 from lit_minimind.resume.upload import UPLOAD_DIR, Uploader, describe, link_for_upload
@@ -74,7 +74,7 @@ class RemoteCheckpoints:
             links.append(link)
             steps.append(["upload", self.out.url, link, export.name, read_manifest(export)])
         if self.ckpt is not None:
-            steps.append(["prune", self.ckpt.url, f"{stem}_e*_s*_g*.ckpt", run_id, self.keep_last])
+            steps.append(["prune", self.ckpt.url, CheckpointName.pattern(stem), run_id, self.keep_last])
         self.uploader.offer({k: manifest.get(k) for k in _LABEL}, steps, links, commit)
 
     # ------------------------------------------------------------------ at start
@@ -83,7 +83,7 @@ class RemoteCheckpoints:
         if self.ckpt is None:
             return []
         try:
-            return self.ckpt.committed(f"{stem}_e*_s*_g*.ckpt")
+            return self.ckpt.committed(CheckpointName.pattern(stem))
         except Exception as err:  # noqa: BLE001 - endpoint down, no bucket, no permission
             raise CheckpointError(f"cannot list {self.ckpt.url} ({type(err).__name__}: "
                                   f"{str(err).splitlines()[0] if str(err) else ''})") from None

@@ -31,7 +31,8 @@ from lit_minimind.callbacks.preflight import check_at_setup
 from lit_minimind.callbacks.remote import RemoteCheckpoints, choose_with_remote, staging_dir
 from lit_minimind.callbacks.schedule import SaveSchedule
 from lit_minimind.callbacks.wandb_run import continue_wandb_run, describe_wandb_run, resume_record, wandb_run_id
-from lit_minimind.checkpoint.names import CALLBACK_FORMAT_VERSION, RESUME_STATE_KEY, TRAINING_STATE_KEY, checkpoint_stem
+from lit_minimind.checkpoint.names import (CALLBACK_FORMAT_VERSION, RESUME_STATE_KEY, TRAINING_STATE_KEY, CheckpointName,
+                                          checkpoint_stem)
 from lit_minimind.checkpoint.weights import add_minimind_keys, fp16_weights, unwrap_model
 from lit_minimind.errors import CheckpointError
 from lit_minimind.resume.io import SafeCheckpointIO, read_start_checkpoint, saved_wandb_id
@@ -423,7 +424,7 @@ class ResumeCallback(ModelCheckpoint):
             return
         self.wandb_id = wandb_run_id(trainer) or self.wandb_id
         stem = self.stem(pl_module)
-        path = self.files.checkpoint(stem, epoch, step, trainer.global_step, self.run_id)
+        path = self.files.checkpoint(CheckpointName(stem, epoch, step, trainer.global_step, self.run_id))
         started = time.monotonic()
         self._begin_save(trainer, f"could not save the checkpoint at epoch {epoch + 1} step {step} ({path}, "
                          f"then {self.files.resume(stem)} and {self.files.export(stem)}); the files of earlier saves "

@@ -9,16 +9,13 @@ the checkpoints of all but the newest ``N`` runs (this one included, never remov
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_warn
 
-from lit_minimind.checkpoint.atomic import read_manifest
-from lit_minimind.checkpoint.names import RESUME_STATE_KEY
-
-_RUN_ID = re.compile(r"_([0-9a-f]+)\.ckpt$")
+from lit_minimind.checkpoint.atomic import read_manifest, remove_file
+from lit_minimind.checkpoint.names import RESUME_STATE_KEY, CheckpointName
 
 
 def run_of(path: Path) -> str | None:
@@ -26,18 +23,17 @@ def run_of(path: Path) -> str | None:
     run_id = read_manifest(path).get("run_id")
     if run_id:
         return str(run_id)
-    match = _RUN_ID.search(path.name)
-    return match.group(1) if match else None
+    name = CheckpointName.parse(path.name)
+    return name.run_id if name else None
 
 
 def prune_runs(ckpt_dir: Path, stem: str, run_id: str, keep_runs: int) -> list[Path]:
     """Delete every ``{stem}`` checkpoint (and its manifest) of the runs older than the newest
     ``keep_runs`` (a run's age: its newest save); ``run_id``'s are never deleted. Returns what was removed."""
     from lit_minimind.callbacks.files import save_order_key
-    from lit_minimind.resume.io import SafeCheckpointIO
 
     runs: dict[str, list[Path]] = {}
-    for path in ckpt_dir.glob(f"{stem}_e*_s*_g*.ckpt"):
+    for path in CheckpointName.find(ckpt_dir, stem):
         other = run_of(path)
         if other is not None:
             runs.setdefault(other, []).append(path)
@@ -45,7 +41,7 @@ def prune_runs(ckpt_dir: Path, stem: str, run_id: str, keep_runs: int) -> list[P
     kept = [run_id, *[r for r in newest_first if r != run_id]][:keep_runs]
     removed = [p for r in newest_first if r not in kept for p in runs[r]]
     for path in removed:
-        SafeCheckpointIO().remove_checkpoint(path)
+        remove_file(path)
     if removed:
         older = sorted({run_of(p) or "?" for p in removed})
         print(f"checkpoints: --resume.keep_runs {keep_runs}: removed {len(removed)} checkpoint(s) of {len(older)} older "
@@ -90,8 +86,7 @@ def resume_link(path: Path, stem: str) -> tuple[str, Path | None]:
             return "lightning", None
     if not position:
         return "minimind", None
-    name = f"{stem}_e{position['epoch']}_s{position['step']}_g{position['global_step']}_{position['run_id']}.ckpt"
-    return "ours", path.parent / name
+    return "ours", path.parent / str(CheckpointName.of(stem, position))
 
 
 def usable_resume_link(path: Path, stem: str) -> bool:

@@ -17,6 +17,7 @@ import tempfile
 import time
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, BinaryIO
 
@@ -26,12 +27,50 @@ from lit_minimind.checkpoint.names import manifest_path
 from lit_minimind.errors import CheckpointError
 
 
-class _HashingWriter:
-    """File wrapper that checksums what ``torch.save`` writes, so no second read is needed.
+@dataclass(frozen=True)
+class Fingerprint:
+    """What identifies a file's bytes: size and CRC-32 (``%08x``), as every manifest records them.
 
     CRC-32 (zlib, ~7 GB/s here) rather than sha256 (~2 GB/s): it detects truncation and bit rot,
     which is its job here, at a quarter of the cost on the training thread.
     """
+
+    size: int
+    crc32: str
+
+    @classmethod
+    def of(cls, chunks: Iterable[bytes]) -> Fingerprint:
+        """The fingerprint of a stream of bytes."""
+        crc, size = 0, 0
+        for chunk in chunks:
+            crc, size = zlib.crc32(chunk, crc), size + len(chunk)
+        return cls(size, f"{crc:08x}")
+
+    @classmethod
+    def of_file(cls, path: str | os.PathLike) -> Fingerprint:
+        with open(path, "rb") as f:
+            return cls.of(iter(lambda: f.read(CHUNK), b""))
+
+    @classmethod
+    def recorded(cls, manifest: Mapping[str, Any], key: str | None = None) -> Fingerprint | None:
+        """The fingerprint a manifest records (``key="replaces"``: of the file its save replaced); None without one."""
+        fields = manifest.get(key) if key else manifest
+        if not isinstance(fields, Mapping) or "size" not in fields or "crc32" not in fields:
+            return None
+        return cls(int(fields["size"]), str(fields["crc32"]))
+
+    def fields(self) -> dict[str, Any]:
+        return {"size": self.size, "crc32": self.crc32}
+
+    def describe(self) -> str:
+        return f"{self.size} bytes, CRC-32 {self.crc32}"
+
+
+CHUNK = 1 << 22  # bytes per read when checksumming a file
+
+
+class _HashingWriter:
+    """File wrapper that checksums what ``torch.save`` writes, so no second read is needed."""
 
     def __init__(self, f: BinaryIO) -> None:
         self._f = f
@@ -51,6 +90,10 @@ class _HashingWriter:
     def flush(self) -> None:
         self._f.flush()
 
+    @property
+    def fingerprint(self) -> Fingerprint:
+        return Fingerprint(self.size, f"{self.crc32:08x}")
+
 
 def _fsync_dir(path: Path) -> None:
     """Make the rename of ``path`` durable: fsync its directory. Filesystems that cannot fsync a
@@ -68,6 +111,41 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def tmp_for(path: Path, shared: bool = False) -> Path:
+    """The temporary name a write of ``path`` goes to first: ``{name}.tmp`` beside it (a killed write's is
+    replaced by the next one), or ``.{name}.{pid}.tmp`` where processes may write ``path`` at once (``shared``)."""
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp" if shared else f"{path.name}.tmp")
+
+
+@contextlib.contextmanager
+def _staged(path: Path, shared: bool = False) -> Iterator[Path]:
+    """The one commit skeleton: yields the tmp path to fill (and fsync); then ``os.replace`` onto ``path`` and
+    the directory's fsync. Any error, or a kill, leaves ``path`` as it was and removes the tmp file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = tmp_for(path, shared)
+    tmp.unlink(missing_ok=True)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path)
+
+
+def link_or_copy(source: Path, target: Path) -> None:
+    """``target`` the same file as ``source``: a hard link (no bytes written), a copy (fsynced) where the
+    filesystem has none (EPERM, EXDEV, ENOTSUP, EMLINK); any other error is raised."""
+    try:
+        os.link(source, target)
+    except OSError as err:
+        if err.errno not in (errno.EPERM, errno.EXDEV, errno.ENOTSUP, errno.EMLINK):
+            raise
+        shutil.copyfile(source, target)
+        with open(target, "rb+") as f:
+            os.fsync(f.fileno())
+
+
 def atomic_save(obj: Any, path: str | os.PathLike, meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The one writer: ``torch.save`` to ``path`` atomically, with a manifest (size, CRC-32) beside it.
 
@@ -77,9 +155,7 @@ def atomic_save(obj: Any, path: str | os.PathLike, meta: Mapping[str, Any] | Non
     leaves the previous file intact, at most with a ``.tmp`` beside it. Returns the manifest.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp")
-    try:
+    with _staged(path) as tmp:
         with open(tmp, "wb") as f:
             writer = _HashingWriter(f)
             try:
@@ -90,75 +166,65 @@ def atomic_save(obj: Any, path: str | os.PathLike, meta: Mapping[str, Any] | Non
                 raise
             f.flush()
             os.fsync(f.fileno())
-        return _commit(tmp, path, {"size": writer.size, "crc32": f"{writer.crc32:08x}", **(meta or {})})
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        return _write_manifest(path, {**writer.fingerprint.fields(), **(meta or {})})
 
 
 def atomic_link(source: str | os.PathLike, path: str | os.PathLike) -> dict[str, Any]:
-    """Make ``path`` the same file as ``source`` (a hard link: no bytes written; a copy where the
-    filesystem has no hard links), atomically, with ``source``'s manifest."""
+    """Make ``path`` the same file as ``source`` (:func:`link_or_copy`), atomically, with ``source``'s manifest."""
     source, path = Path(source), Path(path)
-    tmp = path.with_name(f"{path.name}.tmp")
-    tmp.unlink(missing_ok=True)
-    try:
-        try:
-            os.link(source, tmp)
-        except OSError as err:
-            if err.errno not in (errno.EPERM, errno.EXDEV, errno.ENOTSUP, errno.EMLINK):
-                raise
-            shutil.copyfile(source, tmp)  # a filesystem without hard links
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
-        return _commit(tmp, path, {k: v for k, v in read_manifest(source).items() if k not in ("file", "replaces")})
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with _staged(path) as tmp:
+        link_or_copy(source, tmp)
+        return _write_manifest(path, _carried(read_manifest(source)))
 
 
 def atomic_receive(chunks: Iterable[bytes], path: str | os.PathLike, manifest: Mapping[str, Any]) -> dict[str, Any]:
     """Write a file received in ``chunks`` (a download) atomically, with ``manifest`` beside it, checking
     size and CRC-32 while the bytes arrive: a mismatch raises :class:`CheckpointError` and leaves nothing."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp")
-    try:
-        crc, size = 0, 0
+    with _staged(path) as tmp:
         with open(tmp, "wb") as f:
-            for chunk in chunks:
-                crc, size = zlib.crc32(chunk, crc), size + len(chunk)
-                f.write(chunk)
+            received = Fingerprint.of(_written(f, chunks))
             f.flush()
             os.fsync(f.fileno())
-        if size != manifest.get("size") or f"{crc:08x}" != manifest.get("crc32"):
-            raise CheckpointError(f"{path.name}: received {size} bytes with CRC-32 {crc:08x}, its manifest says "
-                                  f"{manifest.get('size')} bytes, {manifest.get('crc32')} (damaged or replaced)")
-        return _commit(tmp, path, {k: v for k, v in manifest.items() if k not in ("file", "replaces")})
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        expected = Fingerprint.recorded(manifest)
+        if received != expected:
+            raise CheckpointError(f"{path.name}: received {received.describe()}, its manifest says "
+                                  f"{expected.describe() if expected else 'nothing'} (damaged or replaced)")
+        return _write_manifest(path, _carried(manifest))
 
 
-def _commit(tmp: Path, path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
-    """Manifest (listing the file it replaces) first, then the rename, then the directory fsync."""
-    previous = read_manifest(path) if path.exists() else {}
+def _written(f: BinaryIO, chunks: Iterable[bytes]) -> Iterator[bytes]:
+    for chunk in chunks:
+        f.write(chunk)
+        yield chunk
+
+
+def _carried(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """A manifest's fields that describe the bytes and the save (not which file it was, nor what it replaced)."""
+    return {k: v for k, v in manifest.items() if k not in ("file", "replaces")}
+
+
+def _write_manifest(path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """``path``'s manifest, committed before its data is renamed into place: it lists the file it replaces,
+    so the file on disk, old or new, matches its manifest at every moment."""
+    previous = Fingerprint.recorded(read_manifest(path)) if path.exists() else None
     manifest = {"file": path.name, **manifest, "saved_at": manifest.get("saved_at") or time.time_ns()}
-    if "size" in previous and "crc32" in previous:
-        manifest["replaces"] = {"size": previous["size"], "crc32": previous["crc32"]}
-    mtmp = manifest_path(path).with_suffix(".tmp")
-    try:
-        with open(mtmp, "w") as f:
+    if previous is not None:
+        manifest["replaces"] = previous.fields()
+    with _staged(manifest_path(path)) as tmp:
+        with open(tmp, "w") as f:
             json.dump(manifest, f, indent=1)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(mtmp, manifest_path(path))
-    except BaseException:
-        mtmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, path)
-    _fsync_dir(path)
     return manifest
+
+
+def remove_file(path: str | os.PathLike) -> None:
+    """Removal (retention, a run's old files): its manifest first, then the data, as on a bucket. A kill in
+    between leaves a complete file without a manifest: still whole (its zip records' CRCs verify it), never a
+    torn one."""
+    for p in (manifest_path(path), Path(path)):
+        p.unlink(missing_ok=True)
 
 
 _manifests: dict[str, tuple[tuple[int, int, int], dict[str, Any]]] = {}
@@ -186,19 +252,11 @@ def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[IO[Any]]:
     """Write a file (``mode`` "w" or "wb") atomically, without a manifest: a tmp file beside it, fsync,
     rename, directory fsync. Caches, logs, generated data and benchmark results; on any error the
     previous file stays and no tmp file is left."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
+    with _staged(Path(path), shared=True) as tmp:
         with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8", "newline": "\n"})) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path)
 
 
 def atomic_write_bytes(data: bytes | str, path: str | os.PathLike) -> Path:

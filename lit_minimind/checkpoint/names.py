@@ -10,7 +10,11 @@ those keys too (:mod:`lit_minimind.checkpoint.weights`); this module is what wri
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 MANIFEST_SUFFIX = ".manifest.json"
 MINIMIND_KEYS = ("model", "optimizer", "epoch", "step")  # what MiniMind's lm_checkpoint reads
@@ -44,3 +48,55 @@ def checkpoint_stem(weight: str, hidden_size: int, use_moe: bool = False) -> str
 def manifest_path(path: str | os.PathLike) -> Path:
     return Path(f"{os.fspath(path)}{MANIFEST_SUFFIX}")
 
+
+
+@dataclass(frozen=True)
+class CheckpointName:
+    """The name of one save's checkpoint, ``{stem}_e{epoch}_s{step}_g{global_step}_{run_id}.ckpt``: the one
+    place it is formatted, parsed and globbed (local directories and buckets alike)."""
+
+    stem: str
+    epoch: int
+    step: int
+    global_step: int
+    run_id: str
+
+    _PARSE = re.compile(r"^(?P<stem>.+)_e(?P<epoch>\d+)_s(?P<step>\d+)_g(?P<global_step>\d+)_(?P<run_id>[0-9a-f]+)\.ckpt$")
+
+    def __str__(self) -> str:
+        return f"{self.stem}_e{self.epoch}_s{self.step}_g{self.global_step}_{self.run_id}.ckpt"
+
+    @staticmethod
+    def pattern(stem: str) -> str:
+        """The glob that finds every checkpoint of ``stem`` (and only those: not ``_best.ckpt``)."""
+        return f"{stem}_e*_s*_g*.ckpt"
+
+    @classmethod
+    def parse(cls, name: str) -> CheckpointName | None:
+        """The parts of a checkpoint's file name (None: not one of ours)."""
+        match = cls._PARSE.match(Path(name).name)
+        if match is None:
+            return None
+        parts = match.groupdict()
+        return cls(parts["stem"], int(parts["epoch"]), int(parts["step"]), int(parts["global_step"]), parts["run_id"])
+
+    @classmethod
+    def of(cls, stem: str, position: dict) -> CheckpointName:
+        """The name of the save a manifest (or a resume state) describes: its epoch, step, global step, run id."""
+        return cls(stem, int(position["epoch"]), int(position["step"]), int(position["global_step"]),
+                   str(position["run_id"]))
+
+    @classmethod
+    def find(cls, directory: str | os.PathLike, stem: str) -> list[Path]:
+        """Every checkpoint of ``stem`` in a local ``directory``."""
+        return [p for p in Path(directory).glob(cls.pattern(stem)) if cls.parse(p.name) is not None]
+
+
+File = TypeVar("File")
+
+
+def expired(saves: Iterable[tuple[File, str | None, Any]], run_id: str, keep_last: int) -> list[File]:
+    """Retention, one rule for a local directory and a bucket: of ``(file, its run id, when it was saved)``,
+    run ``run_id``'s files beyond its newest ``keep_last`` (another run's files are never expired)."""
+    ours = sorted((save for save in saves if save[1] == run_id), key=lambda save: save[2], reverse=True)
+    return [save[0] for save in ours[keep_last:]]

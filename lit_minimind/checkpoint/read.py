@@ -6,14 +6,13 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import zlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from lit_minimind.checkpoint.atomic import read_manifest
+from lit_minimind.checkpoint.atomic import Fingerprint, read_manifest
 from lit_minimind.checkpoint.hf import is_hf_directory, read_hf_directory
 from lit_minimind.checkpoint.names import HF_CONFIG_KEY, MINIMIND_KEYS, manifest_path
 from lit_minimind.checkpoint.verify import UnverifiableCheckpoint, verify_file
@@ -26,30 +25,25 @@ def verify_manifest(path: Path, accept_replaced: bool = True) -> None:
     mpath = manifest_path(path)
     if not mpath.exists():
         return
-    try:
-        manifest = read_manifest(path) or json.loads(mpath.read_text())  # read again only to say why not
-        accepted = [(int(manifest["size"]), str(manifest["crc32"]))]
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise CheckpointError(f"{path}: its manifest {mpath.name} is unreadable ({err})") from err
-    if accept_replaced and isinstance(manifest.get("replaces"), dict):  # a save interrupted between manifest and rename
-        accepted.append((int(manifest["replaces"]["size"]), str(manifest["replaces"]["crc32"])))
-    _check_bytes(path, accepted, str(path))
-
-
-def _check_bytes(path: Path, accepted: list[tuple[int, str]], what: str) -> None:
-    """``path``'s size and CRC-32 are one of ``accepted``; ``what`` names it in the error."""
+    manifest = read_manifest(path)
+    recorded = Fingerprint.recorded(manifest)
+    if recorded is None:
+        try:  # read again only to say why not
+            json.loads(mpath.read_text())["size"]
+            reason = "no size and CRC-32 in it"
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            reason = str(err)
+        raise CheckpointError(f"{path}: its manifest {mpath.name} is unreadable ({reason})")
+    accepted = [recorded]
+    replaced = Fingerprint.recorded(manifest, "replaces")
+    if accept_replaced and replaced is not None:  # a save interrupted between manifest and rename
+        accepted.append(replaced)
     size = path.stat().st_size
-    if size not in {s for s, _ in accepted}:
-        raise CheckpointError(
-            f"{what}: size {size} bytes differs from the {accepted[0][0]} bytes recorded when it was saved "
-            "(truncated, or damaged)"
-        )
-    crc = 0
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            crc = zlib.crc32(chunk, crc)
-    if (size, f"{crc:08x}") not in accepted:
-        raise CheckpointError(f"{what}: checksum (crc32) differs from the one recorded when it was saved (corrupted)")
+    if size not in {f.size for f in accepted}:
+        raise CheckpointError(f"{path}: size {size} bytes differs from the {recorded.size} bytes recorded when it "
+                              "was saved (truncated, or damaged)")
+    if Fingerprint.of_file(path) not in accepted:
+        raise CheckpointError(f"{path}: checksum (crc32) differs from the one recorded when it was saved (corrupted)")
 
 
 _verified: dict[str, tuple[int, int, int]] = {}

@@ -15,13 +15,12 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from lit_minimind.checkpoint.atomic import atomic_receive
-from lit_minimind.checkpoint.names import MANIFEST_SUFFIX
+from lit_minimind.checkpoint.atomic import Fingerprint, atomic_receive
+from lit_minimind.checkpoint.names import MANIFEST_SUFFIX, expired
 from lit_minimind.errors import CheckpointError, UsageError
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
@@ -35,13 +34,6 @@ CHUNK = 8 << 20  # bytes per read/write of a transfer
 def is_url(path: Any) -> bool:
     """A directory given as a URL (``scheme://...``) rather than a local path."""
     return isinstance(path, str) and bool(_URL.match(path))
-
-
-def _crc32(chunks: Iterator[bytes]) -> tuple[int, str]:
-    crc, size = 0, 0
-    for chunk in chunks:
-        crc, size = zlib.crc32(chunk, crc), size + len(chunk)
-    return size, f"{crc:08x}"
 
 
 class RemoteDir:
@@ -91,7 +83,7 @@ class RemoteDir:
         for path in self.fs.glob(self.path(pattern + MANIFEST_SUFFIX)):
             name = path.rsplit("/", 1)[-1].removesuffix(MANIFEST_SUFFIX)
             manifest = self.manifest(name)
-            if manifest is not None and "size" in manifest and "crc32" in manifest:
+            if manifest is not None and Fingerprint.recorded(manifest) is not None:
                 found.append((name, manifest))
         return sorted(found, key=lambda item: int(item[1].get("saved_at") or 0), reverse=True)
 
@@ -114,7 +106,7 @@ class RemoteDir:
         size = self.fs.info(self.path(name))["size"]
         if size != manifest["size"]:
             raise OSError(f"{self.where(name)}: {size} bytes on the remote, {manifest['size']} uploaded (torn upload)")
-        if _crc32(self._chunks(name)) != (manifest["size"], manifest["crc32"]):
+        if Fingerprint.of(self._chunks(name)) != Fingerprint.recorded(manifest):
             raise OSError(f"{self.where(name)}: the remote bytes' CRC-32 differs from the uploaded file's")
 
     def _commit(self, name: str, manifest: dict[str, Any]) -> None:
@@ -147,7 +139,8 @@ class RemoteDir:
         self._commit(name, manifest)
 
     def remove(self, name: str) -> None:
-        """Retention: the manifest first (no longer a candidate), then the data."""
+        """Removal, in the order a local one takes (:func:`lit_minimind.checkpoint.atomic.remove_file`): the
+        manifest first (no longer a candidate here), then the data."""
         for path in (self.path(name + MANIFEST_SUFFIX), self.path(name)):
             try:
                 self.fs.rm_file(path)
@@ -155,8 +148,7 @@ class RemoteDir:
                 pass
 
     def prune(self, pattern: str, run_id: str, keep_last: int) -> None:
-        """Retention: of the committed files matching ``pattern`` written by run ``run_id``, the newest
-        ``keep_last`` stay (another run's files are never touched)."""
-        ours = [name for name, m in self.committed(pattern) if m.get("run_id") == run_id]
-        for name in ours[keep_last:]:
+        """Retention (:func:`lit_minimind.checkpoint.names.expired`) over the committed files matching ``pattern``."""
+        saves = ((name, m.get("run_id"), int(m.get("saved_at") or 0)) for name, m in self.committed(pattern))
+        for name in expired(saves, run_id, keep_last):
             self.remove(name)

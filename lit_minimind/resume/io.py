@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 
-from lit_minimind.checkpoint.atomic import atomic_save
-from lit_minimind.checkpoint.names import MANIFEST_FIELDS, RESUME_STATE_KEY, manifest_path
+from lit_minimind.checkpoint.atomic import atomic_save, remove_file
+from lit_minimind.checkpoint.names import MANIFEST_FIELDS, RESUME_STATE_KEY
 from lit_minimind.checkpoint.read import checkpoint_kind, read_checkpoint
 from lit_minimind.errors import CheckpointError
 
@@ -177,12 +177,7 @@ class SafeCheckpointIO(TorchCheckpointIO):
         raise CheckpointError(f"{path}: not a lit-minimind, Lightning or MiniMind checkpoint (keys: {sorted(ckpt)[:8]})")
 
     def remove_checkpoint(self, path: Any) -> None:
-        """The checkpoint file first (no longer a candidate), then its manifest."""
-        for p in (path, manifest_path(path)):
-            try:
-                os.remove(p)
-            except FileNotFoundError:
-                pass
+        remove_file(path)
 
 
 def read_start_checkpoint(path: str | os.PathLike) -> dict[str, Any]:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -29,6 +28,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from lit_minimind.checkpoint.atomic import link_or_copy
 
 UPLOAD_DIR = ".upload"  # beside the files: the hard links a pending upload reads
 BACKOFF = (0.5, 8.0)  # seconds: first retry, cap (doubling in between)
@@ -45,10 +46,7 @@ def link_for_upload(path: Path, tag: str) -> Path:
     target = path.parent / UPLOAD_DIR / f"{tag}-{path.name}"
     target.parent.mkdir(exist_ok=True)
     target.unlink(missing_ok=True)
-    try:
-        os.link(path, target)
-    except OSError:
-        shutil.copyfile(path, target)
+    link_or_copy(path, target)
     return target
 
 

@@ -18,7 +18,7 @@ Installed in every process the tests start (``tests/helpers/site/sitecustomize.p
   runs on. It prints ``@@hanging-in-save PATH`` first.
 
 It replaces, in :mod:`lit_minimind.checkpoint.atomic` only, the ``os`` module and ``open`` it calls
-with wrappers that act on the checkpoint's own files (``NAME.tmp``, ``NAME.manifest.tmp``) and pass
+with wrappers that act on the checkpoint's own files (``NAME.tmp``, ``NAME.manifest.json.tmp``) and pass
 everything else through.
 """
 
@@ -40,7 +40,7 @@ _renamed: set[str] = set()  # data files renamed into place, awaiting their dire
 def _data_name(path: str | os.PathLike) -> str | None:
     """The checkpoint file a tmp path is the data of (``x.ckpt.tmp`` -> ``x.ckpt``); None otherwise."""
     name = Path(path).name
-    if not name.endswith(".tmp") or name.endswith(".manifest.tmp") or name.startswith("."):
+    if not name.endswith(".tmp") or name.endswith(".manifest.json.tmp") or name.startswith("."):
         return None  # not a checkpoint's data: a manifest, or an atomic_open file (cache, log)
     return name.removesuffix(".tmp")
 
@@ -110,8 +110,8 @@ class _FaultyFile:
 
 def _open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
     name = Path(file).name if isinstance(file, (str, os.PathLike)) else ""
-    if name.endswith(".manifest.tmp"):
-        fault("manifest", name.removesuffix(".manifest.tmp"), file)
+    if name.endswith(".manifest.json.tmp"):
+        fault("manifest", name.removesuffix(".manifest.json.tmp"), file)
     f = builtins.open(file, mode, *args, **kwargs)
     data = _data_name(file) if isinstance(file, (str, os.PathLike)) else None
     return _FaultyFile(f, data) if data and "w" in mode else f
