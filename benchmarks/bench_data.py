@@ -3,7 +3,7 @@
 A seeded MiniMind-size pretraining file (1,270,238 ``{"text"}`` records of 600-1,100 characters,
 ~1.2 GB, like ``pretrain_t2t_mini.jsonl``; ``--records N`` for another size) is written to a
 temporary directory (``--dir``, default the system's) and deleted afterwards. Every measurement
-runs in a fresh process (``--probe``), the file in the page cache:
+runs in a fresh process (:func:`probe`), the file in the page cache:
 
 * ``first build``: ``MiniMindDataModule.setup()`` (kind detection, tokenizer, dataset: the index
   built, every line validated) with an empty cache;
@@ -18,8 +18,6 @@ runs in a fresh process (``--probe``), the file in the page cache:
   otherwise. Ours and MiniMind's first loads alternate within each repetition.
 
 Peak RSS: the probe process's high-water mark minus its RSS before the set-up (imports excluded).
-
-``python -m benchmarks.bench_data [--quick] [--records N] [--reps N] [--dir DIR] [--minimind-python PY]``
 """
 
 from __future__ import annotations
@@ -27,36 +25,32 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from benchmarks.common import (
-    RESULTS_DIR,
-    ROOT,
     alternating,
-    bench_parser,
+    bench_main,
+    child_env,
     default_data,
-    environment,
+    launch,
     pyplot,
     save_figure,
     say,
-    set_threads,
     stats,
     synthetic_jsonl,
     table,
-    write_json,
 )
 
-FULL_RECORDS, QUICK_RECORDS = 1_270_238, 5_000
-CACHED_TARGET_S = 0.5
-def generate(path: Path, records: int, seed: int = 1234) -> int:
-    """``records`` seeded ``{"text"}`` lines of 600-1,100 characters (MiniMind's pretraining records);
-    returns the file's bytes."""
-    return synthetic_jsonl(records, 600, 1100, seed, path=path).stat().st_size
+NAME = "data"
+FULL_RECORDS, QUICK_RECORDS, CACHED_TARGET_S = 1_270_238, 5_000, 0.5
+ARGS = [(["--records"], {"type": int, "default": None, "help": f"records in the file (default {FULL_RECORDS:,})"}),
+        (["--dir"], {"type": Path, "default": None, "dest": "directory", "help": "where the file goes (default: the system's temp dir)"}),
+        (["--minimind-python"], {"default": None, "dest": "mm_python", "help": "a Python with `datasets` for MiniMind's loader"})]
 
 
 # ----------------------------------------------------------------------------- probes (fresh processes)
@@ -111,41 +105,22 @@ def probe(mode: str, data: str, cache: str, tokenizer: str, workers: int = 0, ba
     return out
 
 
-def run_probe(python: str, mode: str, data: Path, cache: Path, tokenizer: Path, workers: int = 0,
-              batches: int = 0) -> dict[str, Any]:
-    cmd = [python, "-m", "benchmarks.bench_data", "--probe", mode, "--data", str(data), "--cache", str(cache),
-           "--tokenizer", str(tokenizer), "--workers", str(workers), "--batches", str(batches)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
-    if proc.returncode != 0:
-        raise RuntimeError(f"probe {mode} failed ({proc.returncode}): {proc.stderr[-3000:]}")
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    result["built"] = proc.stderr.count("lit_minimind: indexed ")
-    return result
-
-
-def ranks(python: str, data: Path, cache: Path, tokenizer: Path, world: int = 2) -> list[dict[str, Any]]:
-    """``world`` probes started at once on one cache (the ranks of a node): each one's result."""
-    cmd = lambda: [python, "-m", "benchmarks.bench_data", "--probe", "setup", "--data", str(data), "--cache",
-                   str(cache), "--tokenizer", str(tokenizer)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    procs = [subprocess.Popen(cmd(), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(world)]
-    results = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=1800)
-        if proc.returncode != 0:
-            raise RuntimeError(f"rank probe failed ({proc.returncode}): {err[-3000:]}")
-        result = json.loads(out.strip().splitlines()[-1])
-        result["built"] = err.count("lit_minimind: indexed ")
-        results.append(result)
-    return results
+def probes(python: str, mode: str, data: Path, cache: Path, tokenizer: Path, workers: int = 0, batches: int = 0,
+           at_once: int = 1) -> list[dict[str, Any]]:
+    """:func:`probe` in ``at_once`` fresh processes started together (the ranks of a node): each one's result, and
+    whether it built the index (its ``indexed`` line)."""
+    args = [mode, str(data), str(cache), str(tokenizer), workers, batches]
+    cmd = [python, "-c", f"import json; from benchmarks.bench_data import probe; print(json.dumps(probe(*{args!r})))"]
+    with ThreadPoolExecutor(at_once) as pool:
+        runs = list(pool.map(lambda _: launch(cmd, cache.parent, env=child_env(OMP_NUM_THREADS="1"), timeout=1800), range(at_once)))
+    return [{**json.loads(next(line for _, line in reversed(r["lines"]) if line.startswith("{"))),
+             "built": sum("lit_minimind: indexed " in line for _, line in r["lines"])} for r in runs]
 
 
 def minimind_python(explicit: str | None) -> str | None:
     """A Python that can import ``datasets``: ``explicit``, ``$MINIMIND_PYTHON`` or this one; else None."""
     for candidate in (explicit, os.environ.get("MINIMIND_PYTHON"), sys.executable):
-        if candidate and subprocess.run([candidate, "-c", "import datasets"], capture_output=True).returncode == 0:
+        if candidate and launch([candidate, "-c", "import datasets"], Path.cwd(), check=False)["returncode"] == 0:
             return candidate
     return None
 
@@ -163,21 +138,21 @@ def measure(data: Path, tokenizer: Path, work: Path, reps: int, mm_python: str |
         for side in alternating(sides, rep):
             cache = work / f"cache-{side}-{rep}"
             if side == "ours":
-                first.append(run_probe(py, "setup", data, cache, tokenizer))
+                first.append(probes(py, "setup", data, cache, tokenizer)[0])
                 keep = cache
             else:
-                mm_first.append(run_probe(mm_python, "minimind", data, cache, tokenizer))
+                mm_first.append(probes(mm_python, "minimind", data, cache, tokenizer)[0])
                 if rep < reps - 1:
                     shutil.rmtree(cache, ignore_errors=True)  # MiniMind's Arrow copy: the file's size
         say(f"  rep {rep + 1}: first build {first[-1]['setup_s']:.2f} s"
             + (f", MiniMind's first load {mm_first[-1]['setup_s']:.2f} s" if mm_first else ""))
-    cached = [run_probe(py, "setup", data, keep, tokenizer) for _ in range(next_reps)]
-    mm_cached = [run_probe(mm_python, "minimind", data, work / f"cache-minimind-{reps - 1}", tokenizer)
+    cached = [probes(py, "setup", data, keep, tokenizer)[0] for _ in range(next_reps)]
+    mm_cached = [probes(mm_python, "minimind", data, work / f"cache-minimind-{reps - 1}", tokenizer)[0]
                  for _ in range(next_reps)] if mm_python else []
     shutil.rmtree(work / f"cache-minimind-{reps - 1}", ignore_errors=True)
-    ddp_cold = ranks(py, data, work / "cache-ddp", tokenizer)
-    ddp_cached = ranks(py, data, work / "cache-ddp", tokenizer)
-    loader = {w: run_probe(py, "loader", data, keep, tokenizer, workers=w, batches=batches) for w in (0, 2)}
+    ddp_cold = probes(py, "setup", data, work / "cache-ddp", tokenizer, at_once=2)
+    ddp_cached = probes(py, "setup", data, work / "cache-ddp", tokenizer, at_once=2)
+    loader = {w: probes(py, "loader", data, keep, tokenizer, workers=w, batches=batches)[0] for w in (0, 2)}
     out: dict[str, Any] = {
         "first_build": stats([r["setup_s"] for r in first]),
         "first_build_cpu": stats([r["cpu_s"] for r in first]),
@@ -241,60 +216,22 @@ def plot(p: dict[str, Any], path: Path) -> Path:
     return save_figure(fig, path)
 
 
-def run(quick: bool = False, results_dir: Path = RESULTS_DIR, reps: int | None = None, threads: int | None = None,
-        records: int | None = None, directory: Path | None = None, mm_python: str | None = None) -> dict[str, Any]:
-    threads = set_threads(threads)
-    records = records or (QUICK_RECORDS if quick else FULL_RECORDS)
-    reps = reps or (1 if quick else 3)
-    batches = 20 if quick else 200
+def run(quick: bool = False, reps: int | None = None, records: int | None = None, directory: Path | None = None,
+        mm_python: str | None = None) -> dict[str, Any]:
+    records, reps = records or (QUICK_RECORDS if quick else FULL_RECORDS), reps or (1 if quick else 3)
     mm = minimind_python(mm_python)
     _, tokenizer = default_data()
-    say(f"== data set-up: {records:,} records, {reps} repetitions; MiniMind's loader: "
-        f"{mm or 'skipped (no Python with `datasets`; --minimind-python)'} ==")
+    say(f"  {records:,} records; MiniMind's loader: {mm or 'skipped (no Python with `datasets`; --minimind-python)'}")
     with tempfile.TemporaryDirectory(prefix="bench-data-", dir=directory) as tmp:
-        work = Path(tmp)
-        data = work / "pretrain_t2t_mini.jsonl"
-        start = time.perf_counter()
-        size = generate(data, records)
+        data, start = Path(tmp) / "pretrain_t2t_mini.jsonl", time.perf_counter()
+        size = synthetic_jsonl(records, 600, 1100, path=data).stat().st_size  # MiniMind's pretraining records
         say(f"  generated {size / 1e9:.2f} GB in {time.perf_counter() - start:.0f} s")
-        measured = measure(data, tokenizer, work, reps, mm, batches, 1 if quick else 3)
-    payload = {"benchmark": "data", "quick": quick, "reps": reps, "threads": threads, "environment": environment(),
-               "data_bytes": size, **measured,
-               "first_build_s": measured["first_build"]["median"], "cached_start_s": measured["cached_start"]["median"],
-               "cached_start_target_s": CACHED_TARGET_S,
+        measured = measure(data, tokenizer, Path(tmp), reps, mm, 20 if quick else 200, 1 if quick else 3)
+    payload = {"reps": reps, "data_bytes": size, **measured, "first_build_s": measured["first_build"]["median"],
+               "cached_start_s": measured["cached_start"]["median"], "cached_start_target_s": CACHED_TARGET_S,
                "cached_start_target_met": measured["cached_start"]["max"] <= CACHED_TARGET_S}
-    payload["table"] = render(payload)
-    say(payload["table"])
-    write_json(results_dir / "data.json", payload)
-    plot(payload, results_dir / "data.png")
-    return payload
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = bench_parser(__doc__, "repetitions of the first start (default 3, quick 1)")
-    parser.add_argument("--records", type=int, default=None, help=f"records in the file (default {FULL_RECORDS:,})")
-    parser.add_argument("--dir", type=Path, default=None, help="where the file goes (default: the system's temp dir)")
-    parser.add_argument("--minimind-python", default=None, help="a Python with `datasets` for MiniMind's loader")
-    parser.add_argument("--probe", choices=["setup", "loader", "minimind"], help=argparse_hidden())
-    parser.add_argument("--data", help=argparse_hidden())
-    parser.add_argument("--cache", help=argparse_hidden())
-    parser.add_argument("--tokenizer", help=argparse_hidden())
-    parser.add_argument("--workers", type=int, default=0, help=argparse_hidden())
-    parser.add_argument("--batches", type=int, default=0, help=argparse_hidden())
-    args = parser.parse_args(argv)
-    if args.probe:
-        print(json.dumps(probe(args.probe, args.data, args.cache, args.tokenizer, args.workers, args.batches)),
-              flush=True)
-        return 0
-    run(args.quick, args.results_dir, args.reps, args.threads, args.records, args.dir, args.minimind_python)
-    return 0
-
-
-def argparse_hidden() -> str:
-    import argparse
-
-    return argparse.SUPPRESS
+    return {**payload, "table": render(payload)}
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(bench_main(sys.modules[__name__]))

@@ -17,13 +17,12 @@ directory in the cache dir and deleted afterwards. Each repetition times, in rot
 dropped first (``posix_fadvise(POSIX_FADV_DONTNEED)``, no root needed), so it comes from the disk.
 Also reported: the bytes ``verify_file`` reads (``/proc/self/io``), to show the single pass, and
 ``zlib.crc32`` alone on an in-memory buffer.
-
-``python -m benchmarks.bench_verify [--quick] [--reps N]``
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import time
 import zipfile
@@ -32,22 +31,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import (
-    RESULTS_DIR,
-    alternating,
-    bench_parser,
-    cache_dir,
-    environment,
-    pyplot,
-    rel,
-    save_figure,
-    say,
-    set_threads,
-    stats,
-    table,
-    write_json,
-)
+from benchmarks.common import alternating, bench_main, cache_dir, pyplot, rel, save_figure, stats, table
 
+NAME = "verify"
 FULL_MB, QUICK_MB = 500, 8
 BASELINE = "readinto + zlib.crc32"
 OURS = "verify_file"
@@ -214,40 +200,20 @@ def plot(payload: dict[str, Any], path: Path) -> Path:
     return save_figure(fig, path)
 
 
-def run(quick: bool = False, results_dir: Path = RESULTS_DIR, reps: int | None = None,
-        threads: int | None = None) -> dict[str, Any]:
+def run(quick: bool = False, reps: int | None = None) -> dict[str, Any]:
     from lit_minimind.checkpoint.verify import CHUNK_SIZE
 
-    threads = set_threads(threads)
     reps = reps or (2 if quick else 5)
-    megabytes = QUICK_MB if quick else FULL_MB
-    say(f"== verify without a manifest ({megabytes} MB file, {reps} rotated repetitions after warm-up) ==")
     with tempfile.TemporaryDirectory(prefix="bench-verify-", dir=cache_dir()) as tmp:
         path = Path(tmp) / "resume.pth"
-        shape = write_checkpoint(path, megabytes)
+        shape = write_checkpoint(path, QUICK_MB if quick else FULL_MB)
         measured = measure(path, shape["bytes"], reps)
         read_by_verify = bytes_read(lambda: verify(path))
-    payload = {"benchmark": "verify", "quick": quick, "reps": reps, "threads": threads,
-               "environment": environment(), "disk_dir": rel(cache_dir()), "file_bytes": shape["bytes"],
-               "records": shape["records"], "chunk_size": CHUNK_SIZE, **measured,
-               "verify_bytes_read": read_by_verify,
+    payload = {"reps": reps, "disk_dir": rel(cache_dir()), "file_bytes": shape["bytes"], "records": shape["records"],
+               "chunk_size": CHUNK_SIZE, **measured, "verify_bytes_read": read_by_verify,
                "crc32_in_memory_gb_per_s": crc32_in_memory(8 if quick else 64)}
-    payload["table"] = render(payload)
-    say(payload["table"])
-    say(f"{shape['records']} records, {shape['bytes']:,} bytes; verify_file read "
-        f"{read_by_verify if read_by_verify is not None else 'n/a'} bytes; zlib.crc32 in memory: "
-        + ", ".join(f"{k} {v:.2f} GB/s" for k, v in payload["crc32_in_memory_gb_per_s"].items()))
-    write_json(results_dir / "verify.json", payload)
-    plot(payload, results_dir / "verify.png")
-    return payload
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = bench_parser(__doc__, "rotated repetitions (default 5, quick 2)")
-    args = parser.parse_args(argv)
-    run(args.quick, args.results_dir, args.reps, args.threads)
-    return 0
+    return {**payload, "table": render(payload)}
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(bench_main(sys.modules[__name__]))

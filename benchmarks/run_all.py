@@ -8,42 +8,24 @@ results directory (default ``benchmarks/results/``); this script also writes
 ``summary.md`` there with all tables and, after a full run into the default directory,
 refreshes the tables in ``benchmarks/README.md`` (between the ``bench-results`` markers).
 
-``python -m benchmarks.run_all [--quick] [--only overhead checkpoint resume verify data remote restart] [--results-dir DIR] [--threads N]``
-
-``--quick`` runs toy sizes (seconds; what ``tests/test_benchmarks.py`` runs); its numbers
-mean nothing.
+``python -m benchmarks.run_all [--quick] [--only overhead checkpoint resume verify data remote restart] [--results-dir DIR]
+[--threads N] [--no-readme]``; ``--quick`` runs toy sizes (what ``tests/test_benchmarks.py`` runs): its numbers mean nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 import traceback
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks import (
-    bench_checkpoint,
-    bench_data,
-    bench_overhead,
-    bench_remote,
-    bench_restart,
-    bench_resume,
-    bench_verify,
-)
-from benchmarks.common import RESULTS_DIR, say, write_text
+from benchmarks import bench_checkpoint, bench_data, bench_overhead, bench_remote, bench_restart, bench_resume, bench_verify
+from benchmarks.common import RESULTS_DIR, execute, say, write_text
 
-BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {
-    "overhead": bench_overhead.run,
-    "checkpoint": bench_checkpoint.run,
-    "resume": bench_resume.run,
-    "verify": bench_verify.run,
-    "data": bench_data.run,
-    "remote": bench_remote.run,
-    "restart": bench_restart.run,
-}
+BENCHMARKS = {m.NAME: m for m in (bench_overhead, bench_checkpoint, bench_resume, bench_verify, bench_data, bench_remote, bench_restart)}
 README = Path(__file__).resolve().parent / "README.md"
 START, END = "<!-- bench-results:start -->", "<!-- bench-results:end -->"
 
@@ -63,14 +45,16 @@ def summary(payloads: dict[str, dict[str, Any]]) -> str:
     if "overhead" in payloads:
         p = payloads["overhead"]
         lines += [f"### 1. Port overhead: Lightning vs plain PyTorch (tokens/s, higher is better; {p['environment']['date']})", "",
-                  f"{p['reps']} alternating repetitions after a warm-up run of each side; ratio = Lightning / plain "
-                  "within a repetition, median (min–max); Δ last loss = largest difference of the last loss "
-                  "between the two sides (0: the same training).", "", p["table"], ""]
+                  f"`python -m lit_minimind.fit` with a probe callback vs the plain loop, each run a process; {p['reps']} "
+                  "alternating repetitions after a warm-up run of each side; ratio = port / plain within a repetition, "
+                  "median (min–max); Δ last loss = largest difference of the last loss between the two sides (0: the same "
+                  "training).", "", p["table"], ""]
         lines += p.get("notes", []) + [""]
         at = p["attribution"]
-        lines += [f"Where the time of a micro-batch goes ({at['config']['name']}, accumulation 1; timers around the same "
-                  "work on both sides, exclusive of the timed calls inside them; median over the timed batches of a run, "
-                  "then over runs):", "", p["attribution_table"], ""]
+        lines += [f"Where the time of a micro-batch goes ({at['config']['name']}, accumulation 1; stamps at the same "
+                  "boundaries on both sides: torch's forward and optimizer-step hooks, Lightning's callback hooks; the data "
+                  "timed alone over the same loader; median over the timed batches of a run, then over runs):", "",
+                  p["attribution_table"], ""]
         if "loop_overhead_ms" in p:
             met = "yes" if p["loop_overhead_target_met"] else "NO"
             mean = p.get("loop_overhead_mean_ms")
@@ -86,9 +70,9 @@ def summary(payloads: dict[str, dict[str, Any]]) -> str:
     if "checkpoint" in payloads:
         p = payloads["checkpoint"]
         lines += [f"### 2. Checkpoint cost (one `ResumeCallback.save` vs MiniMind's save; seconds and bytes, lower is better; {p['environment']['date']})", "",
-                  f"A real `Trainer` after one batch; {p['reps']} alternating repetitions after a warm-up save; stall = "
-                  "time inside `ResumeCallback.save` (the training loop blocked), ÷ bare = ÷ a bare `torch.save` of the "
-                  "same checkpoint dict within the repetition; bytes = every file one save leaves (a hard link counted "
+                  f"The CLI with a save after every batch and a probe callback; {p['reps']} saves of each kind after a warm-up "
+                  "one; stall = the loop's wait in `ResumeCallback.save` (`save_seconds`), ÷ bare = ÷ a bare `torch.save` of "
+                  "the same checkpoint dict within the repetition; bytes = every file one save leaves (a hard link counted "
                   f"once); files on the disk of `{Path(p['disk_dir']).name}/` (the cache dir), `os.sync()` between saves.",
                   "", p["table"], "", p["detail_table"], "",
                   "Per-byte work on this machine: " + ", ".join(f"{k} {v:.2f} GB/s" for k, v in p["rates_gb_per_s"].items())
@@ -101,7 +85,8 @@ def summary(payloads: dict[str, dict[str, Any]]) -> str:
         lines += [f"### 3. Resume cost vs position (launch → first trained batch; seconds, lower is better; {p['environment']['date']})", "",
                   f"{p['lines']:,}-line jsonl ({p['data_bytes'] / 2**20:.0f} MiB), batch {p['batch_size']}, "
                   f"seq {p['max_seq_len']}, model {p['model']['hidden_size']}x{p['model']['num_hidden_layers']}; "
-                  f"{p['reps']} rotated repetitions; phases are medians.", "", p["table"], "", p["verdict"], ""]
+                  f"{p['reps']} rotated repetitions; phases (medians) cut at a probe callback's hook events.", "", p["table"], "",
+                  p["verdict"], ""]
     if "verify" in payloads:
         p = payloads["verify"]
         crc = ", ".join(f"{k} {v:.2f} GB/s" for k, v in p["crc32_in_memory_gb_per_s"].items())
@@ -126,7 +111,7 @@ def summary(payloads: dict[str, dict[str, Any]]) -> str:
         p = payloads["remote"]
         lines += [f"### 7. Checkpoints on object storage (moto's S3 server on localhost, through s3fs; {p['environment']['date']})", "",
                   "Upload: a bare `s3fs.put_file` vs ours (upload, size + CRC-32 read back from the remote, manifest "
-                  "object); loop stall: median time in `ResumeCallback.save` per save, local directories (async save) vs "
+                  "object); loop stall: the median loop's wait per save (`ResumeCallback.save_seconds`), local directories (async save) vs "
                   "`s3://` directories (the same local save, then the background upload).", "", p["table"], ""]
     if "restart" in payloads:
         p = payloads["restart"]
@@ -159,39 +144,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch threads per process (default 1)")
     parser.add_argument("--no-readme", action="store_true", help="do not refresh the tables in benchmarks/README.md")
     args = parser.parse_args(argv)
-
-    start = time.perf_counter()
-    payloads: dict[str, dict[str, Any]] = {}
-    failed = []
+    start, payloads, failed = time.perf_counter(), {}, []
     for name in args.only:
         try:
-            payloads[name] = BENCHMARKS[name](quick=args.quick, results_dir=args.results_dir, threads=args.threads)
+            payloads[name] = execute(BENCHMARKS[name], args.results_dir, args.quick, threads=args.threads)
         except Exception:  # report, keep going with the others, fail at the end
             traceback.print_exc()
             failed.append(name)
         say("")
-    seconds = time.perf_counter() - start
     if payloads and not args.quick:  # the summary also shows the latest full results of benchmarks not run now
         for name in BENCHMARKS:
             path = args.results_dir / f"{name}.json"
-            if name not in payloads and name not in failed and path.exists():
-                earlier = json.loads(path.read_text())
-                if not earlier.get("quick"):
-                    payloads[name] = earlier
+            if name not in payloads and name not in failed and path.exists() and not (earlier := json.loads(path.read_text()))["quick"]:
+                payloads[name] = earlier
         payloads = {name: payloads[name] for name in BENCHMARKS if name in payloads}
     if payloads:
         text = summary(payloads)
         write_text(args.results_dir / "summary.md", text + "\n")
-        full_default = (not args.quick and args.results_dir.resolve() == RESULTS_DIR.resolve()
-                        and set(payloads) == set(BENCHMARKS))
+        full_default = not args.quick and args.results_dir.resolve() == RESULTS_DIR.resolve() and set(payloads) == set(BENCHMARKS)
         if full_default and not args.no_readme and update_readme(text):
             say(f"tables refreshed in {README}")
-        say(f"results in {args.results_dir}/ (summary.md, *.json, *.png); {seconds / 60:.1f} min")
+        say(f"results in {args.results_dir}/ (summary.md, *.json, *.png); {(time.perf_counter() - start) / 60:.1f} min")
     if failed:
         say(f"FAILED: {', '.join(failed)}")
-        return 1
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())
