@@ -95,20 +95,48 @@ class _HashingWriter:
         return Fingerprint(self.size, f"{self.crc32:08x}")
 
 
-def _fsync_dir(path: Path) -> None:
-    """Make the rename of ``path`` durable: fsync its directory. Filesystems that cannot fsync a
-    directory are skipped; a real I/O error (EIO, ENOSPC) is raised."""
-    try:
-        fd = os.open(path.parent, os.O_RDONLY)
-    except OSError:  # not supported everywhere (e.g. some network filesystems)
-        return
-    try:
-        os.fsync(fd)
-    except OSError as err:
-        if err.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
-            raise
-    finally:
-        os.close(fd)
+class LocalStorage:
+    """The file operations every atomic write is made of, the one place they are called; each is told the
+    file it commits (``target``: the data file, or its manifest). A test implementation injects faults and
+    pauses through :func:`use_storage` (``tests/helpers/faults.py``)."""
+
+    def open(self, tmp: Path, mode: str, target: Path) -> IO[Any]:
+        return open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8", "newline": "\n"}))
+
+    def sync(self, f: IO[Any], target: Path) -> None:
+        f.flush()
+        os.fsync(f.fileno())
+
+    def link(self, source: Path, tmp: Path, target: Path) -> None:
+        link_or_copy(source, tmp)
+
+    def replace(self, tmp: Path, target: Path) -> None:
+        os.replace(tmp, target)
+
+    def sync_dir(self, target: Path) -> None:
+        """Make the rename of ``target`` durable: fsync its directory. Filesystems that cannot fsync a
+        directory are skipped; a real I/O error (EIO, ENOSPC) is raised."""
+        try:
+            fd = os.open(target.parent, os.O_RDONLY)
+        except OSError:  # not supported everywhere (e.g. some network filesystems)
+            return
+        try:
+            os.fsync(fd)
+        except OSError as err:
+            if err.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+                raise
+        finally:
+            os.close(fd)
+
+
+_storage = LocalStorage()
+
+
+def use_storage(storage: LocalStorage) -> LocalStorage:
+    """Route every atomic write of this process through ``storage``; returns the one it replaces."""
+    global _storage
+    previous, _storage = _storage, storage
+    return previous
 
 
 def tmp_for(path: Path, shared: bool = False) -> Path:
@@ -119,18 +147,26 @@ def tmp_for(path: Path, shared: bool = False) -> Path:
 
 @contextlib.contextmanager
 def _staged(path: Path, shared: bool = False) -> Iterator[Path]:
-    """The one commit skeleton: yields the tmp path to fill (and fsync); then ``os.replace`` onto ``path`` and
-    the directory's fsync. Any error, or a kill, leaves ``path`` as it was and removes the tmp file."""
+    """The one commit skeleton: yields the tmp path to fill (and sync); then the rename onto ``path`` and the
+    directory's fsync. Any error, or a kill, leaves ``path`` as it was and removes the tmp file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = tmp_for(path, shared)
     tmp.unlink(missing_ok=True)
     try:
         yield tmp
-        os.replace(tmp, path)
+        _storage.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(path)
+    _storage.sync_dir(path)
+
+
+@contextlib.contextmanager
+def _write(tmp: Path, mode: str, target: Path) -> Iterator[IO[Any]]:
+    """``tmp`` open for writing ``target``'s bytes, synced to disk when the block ends."""
+    with _storage.open(tmp, mode, target) as f:
+        yield f
+        _storage.sync(f, target)
 
 
 def link_or_copy(source: Path, target: Path) -> None:
@@ -156,7 +192,7 @@ def atomic_save(obj: Any, path: str | os.PathLike, meta: Mapping[str, Any] | Non
     """
     path = Path(path)
     with _staged(path) as tmp:
-        with open(tmp, "wb") as f:
+        with _write(tmp, "wb", path) as f:
             writer = _HashingWriter(f)
             try:
                 torch.save(obj, writer)
@@ -164,8 +200,6 @@ def atomic_save(obj: Any, path: str | os.PathLike, meta: Mapping[str, Any] | Non
                 if writer.error is not None:
                     raise writer.error from None  # the real cause: ENOSPC, EFBIG, EIO, ...
                 raise
-            f.flush()
-            os.fsync(f.fileno())
         return _write_manifest(path, {**writer.fingerprint.fields(), **(meta or {})})
 
 
@@ -173,7 +207,7 @@ def atomic_link(source: str | os.PathLike, path: str | os.PathLike) -> dict[str,
     """Make ``path`` the same file as ``source`` (:func:`link_or_copy`), atomically, with ``source``'s manifest."""
     source, path = Path(source), Path(path)
     with _staged(path) as tmp:
-        link_or_copy(source, tmp)
+        _storage.link(source, tmp, path)
         return _write_manifest(path, _carried(read_manifest(source)))
 
 
@@ -182,10 +216,8 @@ def atomic_receive(chunks: Iterable[bytes], path: str | os.PathLike, manifest: M
     size and CRC-32 while the bytes arrive: a mismatch raises :class:`CheckpointError` and leaves nothing."""
     path = Path(path)
     with _staged(path) as tmp:
-        with open(tmp, "wb") as f:
+        with _write(tmp, "wb", path) as f:
             received = Fingerprint.of(_written(f, chunks))
-            f.flush()
-            os.fsync(f.fileno())
         expected = Fingerprint.recorded(manifest)
         if received != expected:
             raise CheckpointError(f"{path.name}: received {received.describe()}, its manifest says "
@@ -211,11 +243,9 @@ def _write_manifest(path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     manifest = {"file": path.name, **manifest, "saved_at": manifest.get("saved_at") or time.time_ns()}
     if previous is not None:
         manifest["replaces"] = previous.fields()
-    with _staged(manifest_path(path)) as tmp:
-        with open(tmp, "w") as f:
-            json.dump(manifest, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
+    target = manifest_path(path)
+    with _staged(target) as tmp, _write(tmp, "w", target) as f:
+        json.dump(manifest, f, indent=1)
     return manifest
 
 
@@ -252,11 +282,8 @@ def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[IO[Any]]:
     """Write a file (``mode`` "w" or "wb") atomically, without a manifest: a tmp file beside it, fsync,
     rename, directory fsync. Caches, logs, generated data and benchmark results; on any error the
     previous file stays and no tmp file is left."""
-    with _staged(Path(path), shared=True) as tmp:
-        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8", "newline": "\n"})) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
+    with _staged(Path(path), shared=True) as tmp, _write(tmp, mode, Path(path)) as f:
+        yield f
 
 
 def atomic_write_bytes(data: bytes | str, path: str | os.PathLike) -> Path:
@@ -311,12 +338,12 @@ def atomic_directory(path: str | os.PathLike, replace: bool = False) -> Iterator
         elif path.is_dir():
             path.rmdir()
         try:
-            os.replace(tmp, path)
+            _storage.replace(tmp, path)
         except BaseException:
             if old is not None:
                 os.replace(old, path)
             raise
-        _fsync_dir(path)
+        _storage.sync_dir(path)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     except BaseException:
