@@ -34,7 +34,6 @@ import json
 import os
 import sys
 import time
-import zlib
 from array import array
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -42,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from lit_minimind.checkpoint.atomic import atomic_open, atomic_write_bytes
+from lit_minimind.checkpoint.atomic import Fingerprint, atomic_open, atomic_write_bytes
 from lit_minimind.errors import DataError
 
 try:  # a fast JSON decoder (a dependency); the standard module is the reference either way
@@ -292,7 +291,7 @@ def _load(npy: Path, header_path: Path, key: dict[str, Any]) -> np.ndarray | Non
         return None
     if offsets.dtype != np.uint64 or offsets.ndim != 1 or len(offsets) != header.get("records") or not len(offsets):
         return None
-    if f"{zlib.crc32(memoryview(offsets).cast('B')):08x}" != header.get("offsets_crc32"):
+    if Fingerprint.of([memoryview(offsets).cast("B")]).crc32 != header.get("offsets_crc32"):
         return None
     return offsets
 
@@ -309,7 +308,7 @@ def _write(npy: Path, header_path: Path, key: dict[str, Any], offsets: np.ndarra
     with atomic_open(npy, "wb") as file:
         np.save(file, offsets, allow_pickle=False)
     header = {"format": INDEX_FORMAT, "version": INDEX_VERSION, "key": key, "records": len(offsets),
-              "lines": lines, "validated": True, "offsets_crc32": f"{zlib.crc32(offsets.data):08x}",
+              "lines": lines, "validated": True, "offsets_crc32": Fingerprint.of([offsets.data]).crc32,
               "built_by": {"pid": os.getpid(), "host": os.uname().nodename}, "built_at": time.time()}
     atomic_write_bytes(json.dumps(header, indent=1) + "\n", header_path)
 
