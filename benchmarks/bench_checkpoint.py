@@ -1,23 +1,14 @@
 """Checkpoint cost: ResumeCallback's save vs MiniMind's save and a bare torch.save, bytes, stall and memory.
 
-For each model size the real CLI (``python -m lit_minimind.fit``, ``--resume.save_interval 1 --resume.keep_last 1``)
-trains ``reps + 2`` micro-batches (batch 4 x seq 256; ``--quick``: 2 x 32) twice, with ``--resume.async_save false``
-(``sync``) and with the default asynchronous save (``async``), with :class:`SaveCost` on its command line. At every
-batch end (before ResumeCallback's own save: Lightning runs checkpoint callbacks last) it times, in alternating order,
-
-* ``minimind`` - what MiniMind writes per save: the fp16 export (``{k: v.half().cpu()}``) and the resume dict (``model``
-  fp16, ``optimizer`` state, epoch/step/...), each a plain ``torch.save``;
-* ``bare`` - a bare ``torch.save`` of the checkpoint dict Lightning assembled for ResumeCallback's last save
-  (captured by ``on_save_checkpoint``);
-
-and at the next batch start, once the write is on disk (``checkpoint_io.wait()``), it reads ``ours``: the loop's wait
-inside the save (``ResumeCallback.save_seconds``; the async save returns after its snapshot) and the time until every
-file was committed. ``os.sync()`` after each save, outside the timings. The first save of each kind is a warm-up, the
-last save of ours is profiled (cProfile of the training thread, by what the time went to). ``stall_ratio`` = ours /
-bare within a repetition (target <= 0.2 for the default async save). Bytes: every file one save leaves (``st_size``, a
-hard link counted once). Peak extra RSS: ``VmHWM`` (reset through ``/proc/self/clear_refs``) minus the RSS before, for
-ours until the write is done. Step time: the probe's batch start -> end (no save inside); slowdown at
-``save_interval`` 1000 = stall / (1000 x step).
+Per model size the CLI trains ``reps + 2`` micro-batches (4 x 256; ``--quick`` 2 x 32) with a save after each
+(``--resume.save_interval 1 --resume.keep_last 1``), once with ``--resume.async_save false`` and once async, with
+:class:`SaveCost` on its command line. At each batch end (before ResumeCallback's save: checkpoint callbacks run last)
+it times, alternately, ``minimind`` (MiniMind's two ``torch.save`` files: fp16 export, resume dict) and ``bare`` (a
+``torch.save`` of the dict Lightning assembled for the last save, from ``on_save_checkpoint``); at the next batch start,
+once the write is done (``checkpoint_io.wait()``), ``ours``: the loop's wait (``ResumeCallback.save_seconds``) and the
+time until committed. ``os.sync()`` after each; the first of each kind warms up; the last save is profiled (cProfile of
+the training thread). Bytes: every file one save leaves (a hard link once); peak extra RSS: ``VmHWM`` (reset by
+``clear_refs``) minus the RSS before; step time: batch start -> end; slowdown at 1000 = stall / (1000 x step).
 """
 
 from __future__ import annotations
@@ -42,22 +33,7 @@ from typing import Any
 
 import lightning as L
 
-from benchmarks.common import (
-    alternating,
-    bench_main,
-    cache_dir,
-    default_data,
-    event,
-    fit_cmd,
-    launch,
-    pyplot,
-    rel,
-    save_figure,
-    say,
-    spread,
-    stats,
-    table,
-)
+from benchmarks import common as bc
 from benchmarks.probes import emit
 
 NAME = "checkpoint"
@@ -150,7 +126,7 @@ class SaveCost(L.Callback):
             torch.save(self.checkpoint, self.out / "bare" / f"{stem}.ckpt")
 
         if self.batch >= 2:  # after ResumeCallback's first save: there is a checkpoint dict to write bare
-            for name in alternating(["minimind", "bare"], self.batch):
+            for name in bc.alternating(["minimind", "bare"], self.batch):
                 fn = {"minimind": minimind, "bare": bare}[name]
                 before, t = rss_reset(), time.perf_counter()
                 fn()
@@ -212,9 +188,9 @@ def measure_mode(mode: str, hidden: int, layers: int, reps: int, quick: bool, da
     flags = {"model.hidden_size": hidden, "model.num_hidden_layers": layers, "data.batch_size": batch, "data.max_seq_len": seq,
              "trainer.max_steps": reps + 2, "resume.save_interval": 1, "resume.keep_last": 1,
              "resume.async_save": str(mode == "async").lower()}
-    run = launch(fit_cmd(work, data, tok, flags, "--trainer.callbacks+=benchmarks.bench_checkpoint.SaveCost",
+    run = bc.launch(bc.fit_cmd(work, data, tok, flags, "--trainer.callbacks+=benchmarks.bench_checkpoint.SaveCost",
                          f"--trainer.callbacks.out={work}"), work)
-    got = event(run, "savecost")
+    got = bc.event(run, "savecost")
     if got is None:
         raise RuntimeError(f"the save probe reported nothing ({mode}, {hidden}x{layers})")
     return {**got, "step_batch": [batch, seq], "bytes_ours": written_files(work / "checkpoints", work / "out"),
@@ -223,21 +199,21 @@ def measure_mode(mode: str, hidden: int, layers: int, reps: int, quick: bool, da
 
 def summarize_mode(raw: dict[str, Any]) -> dict[str, Any]:
     t = raw["times"]
-    return {"save_s": stats(t["ours"]), "save_and_write_s": stats(t["ours_written"]), "bare_torch_save_s": stats(t["bare"]),
-            "minimind_save_s": stats(t["minimind"]), "stall_ratio": stats([o / b for o, b in zip(t["ours"], t["bare"])]),
+    return {"save_s": bc.stats(t["ours"]), "save_and_write_s": bc.stats(t["ours_written"]), "bare_torch_save_s": bc.stats(t["bare"]),
+            "minimind_save_s": bc.stats(t["minimind"]), "stall_ratio": bc.stats([o / b for o, b in zip(t["ours"], t["bare"])]),
             # CPU time of the training thread around the save (system time: mostly page faults of fresh memory)
-            "stall_cpu_user_s": stats(t["ours_user"]), "stall_cpu_sys_s": stats(t["ours_sys"]), "stall_minor_faults": stats(t["ours_minflt"]),
-            "stall_ratio_vs_minimind": stats([o / m for o, m in zip(t["ours"], t["minimind"])]),
+            "stall_cpu_user_s": bc.stats(t["ours_user"]), "stall_cpu_sys_s": bc.stats(t["ours_sys"]), "stall_minor_faults": bc.stats(t["ours_minflt"]),
+            "stall_ratio_vs_minimind": bc.stats([o / m for o, m in zip(t["ours"], t["minimind"])]),
             "bytes_ours": raw["bytes_ours"]["total"], "peak_extra_rss_bytes": raw["rss"]["ours"],
             "snapshot_bytes": raw["snapshot_bytes"]}  # held between saves (async), reused by the next one
 
 
 def measure(hidden: int, layers: int, reps: int, quick: bool, data: Path, tok: Path) -> dict[str, Any]:
-    name, root = f"{hidden}x{layers}", Path(tempfile.mkdtemp(prefix="bench-ckpt-", dir=cache_dir()))
+    name, root = f"{hidden}x{layers}", Path(tempfile.mkdtemp(prefix="bench-ckpt-", dir=bc.cache_dir()))
     try:
         raw = {}
         for mode in ("sync", "async"):
-            say(f"  [{name}] {mode} saves: {reps + 2} batches, a save after each ...")
+            bc.say(f"  [{name}] {mode} saves: {reps + 2} batches, a save after each ...")
             raw[mode] = measure_mode(mode, hidden, layers, reps, quick, data, tok, root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -273,9 +249,9 @@ def render(results: list[dict[str, Any]]) -> tuple[str, str, str]:
         m, rss, b = r["modes"], r["peak_extra_rss_bytes"], r["bytes"]
         rows.append([r["model"], f"{r['params'] / 1e6:.1f}M", f"{r['bytes_ours'] * mb:.0f} / {r['bytes_minimind'] * mb:.0f}",
                      f"**{r['bytes_ratio_vs_minimind']:.2f}** (≤ {r['target_bytes_ratio']}: {'yes' if r['target_bytes_ratio_met'] else 'NO'})",
-                     spread(r["minimind_save_s"]), spread(r["bare_torch_save_s"]),
-                     f"{spread(m['sync']['save_s'])}, ×{m['sync']['stall_ratio']['median']:.2f}",
-                     f"{spread(m['async']['save_s'])}, **×{m['async']['stall_ratio']['median']:.2f}**",
+                     bc.spread(r["minimind_save_s"]), bc.spread(r["bare_torch_save_s"]),
+                     f"{bc.spread(m['sync']['save_s'])}, ×{m['sync']['stall_ratio']['median']:.2f}",
+                     f"{bc.spread(m['async']['save_s'])}, **×{m['async']['stall_ratio']['median']:.2f}**",
                      f"{rss['minimind'] * mb:.0f} / {rss['ours_sync'] * mb:.0f} / {rss['ours_async'] * mb:.0f}"])
         rows2.append([r["model"], f"{b['ours_ckpt'] * mb:.0f} + {b['ours_export'] * mb:.0f} (+{b['ours_manifests']} B manifests)",
                       f"{b['bare_ckpt'] * mb:.0f}", f"{m['async']['snapshot_bytes'] * mb:.0f}",
@@ -284,20 +260,20 @@ def render(results: list[dict[str, Any]]) -> tuple[str, str, str]:
                       f"{r['step_s']:.3f} ({r['step_batch'][0]}x{r['step_batch'][1]})",
                       f"**{100 * r['slowdown_at_save_interval_1000']:.3f}%** ({'yes' if r['target_slowdown_met'] else 'NO'})",
                       f"{r['break_even_step_s_for_1pct']:.3f}"])
-    main = table(["model", "params", "MiB per save ours / MiniMind", "bytes ours ÷ MiniMind", "MiniMind save s med (min–max)",
+    main = bc.table(["model", "params", "MiB per save ours / MiniMind", "bytes ours ÷ MiniMind", "MiniMind save s med (min–max)",
                   "bare torch.save s", "ours sync: stall s, ÷ bare", "ours async: stall s, ÷ bare",
                   "peak extra RSS MiB MiniMind / ours sync / async"], rows)
-    detail = table(["model", "ours MiB: .ckpt + export", "bare .ckpt MiB", "async snapshot held between saves MiB",
+    detail = bc.table(["model", "ours MiB: .ckpt + export", "bare .ckpt MiB", "async snapshot held between saves MiB",
                     "ours sync ÷ MiniMind save", "async save + write s", "stall CPU user + sys s, sync / async", "step s (batch)",
                     "slowdown @1000, async (≤ 1%)", "1% break-even step s"], rows2)
     sides = [(r, side) for r in results for side in r["profile_s"]]
-    profile = table(["one save (cProfile, training thread), s"] + [f"{r['model']} {side}" for r, side in sides],
+    profile = bc.table(["one save (cProfile, training thread), s"] + [f"{r['model']} {side}" for r, side in sides],
                     [[bk] + [f"{r['profile_s'][side][bk]:.3f}" for r, side in sides] for bk in [*PROFILE_BUCKETS, "everything else", "total"]])
     return main, detail, profile
 
 
 def plot(p: dict[str, Any], path: Path) -> Path:
-    plt, results = pyplot(), p["results"]
+    plt, results = bc.pyplot(), p["results"]
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 3.4), gridspec_kw={"width_ratios": [3, 1.3]})
     keys = [("minimind_save_s", "sync", "MiniMind save (2 files)"), ("bare_torch_save_s", "sync", "bare torch.save"),
             ("save_s", "sync", "ResumeCallback.save, sync"), ("save_s", "async", "ResumeCallback.save, async (stall)"),
@@ -314,19 +290,19 @@ def plot(p: dict[str, Any], path: Path) -> Path:
     ax.legend(fontsize=8)
     bx.set_xticks([width * (len(results) - 1) / 2, 1 + width * (len(results) - 1) / 2], ["MiniMind", "ours"])
     bx.set(ylabel="MiB written per save", title="bytes per save")
-    return save_figure(fig, path)
+    return bc.save_figure(fig, path)
 
 
 def run(quick: bool = False, reps: int | None = None) -> dict[str, Any]:
     reps = reps or (2 if quick else 5)
-    data, tok = default_data()
+    data, tok = bc.default_data()
     results = [measure(h, n, reps, quick, data, tok) for h, n in (QUICK_SIZES if quick else FULL_SIZES)]
     main, detail, profile = render(results)
     rates = digest_rates(8 if quick else 64)
-    return {"reps": reps, "disk_dir": rel(cache_dir()), "async_save_available": True, "results": results, "table": main,
+    return {"reps": reps, "disk_dir": bc.rel(bc.cache_dir()), "async_save_available": True, "results": results, "table": main,
             "detail_table": detail, "profile_table": profile, "rates_gb_per_s": rates,
             "rates_verdict": "per-byte work on this machine: " + json.dumps({k: round(v, 2) for k, v in rates.items()})}
 
 
 if __name__ == "__main__":
-    raise SystemExit(bench_main(sys.modules[__name__]))
+    raise SystemExit(bc.bench_main(sys.modules[__name__]))

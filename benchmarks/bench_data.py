@@ -32,19 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import (
-    alternating,
-    bench_main,
-    child_env,
-    default_data,
-    launch,
-    pyplot,
-    save_figure,
-    say,
-    stats,
-    synthetic_jsonl,
-    table,
-)
+from benchmarks import common as bc
 
 NAME = "data"
 FULL_RECORDS, QUICK_RECORDS, CACHED_TARGET_S = 1_270_238, 5_000, 0.5
@@ -112,7 +100,7 @@ def probes(python: str, mode: str, data: Path, cache: Path, tokenizer: Path, wor
     args = [mode, str(data), str(cache), str(tokenizer), workers, batches]
     cmd = [python, "-c", f"import json; from benchmarks.bench_data import probe; print(json.dumps(probe(*{args!r})))"]
     with ThreadPoolExecutor(at_once) as pool:
-        runs = list(pool.map(lambda _: launch(cmd, cache.parent, env=child_env(OMP_NUM_THREADS="1"), timeout=1800), range(at_once)))
+        runs = list(pool.map(lambda _: bc.launch(cmd, cache.parent, env=bc.child_env(OMP_NUM_THREADS="1"), timeout=1800), range(at_once)))
     return [{**json.loads(next(line for _, line in reversed(r["lines"]) if line.startswith("{"))),
              "built": sum("lit_minimind: indexed " in line for _, line in r["lines"])} for r in runs]
 
@@ -120,7 +108,7 @@ def probes(python: str, mode: str, data: Path, cache: Path, tokenizer: Path, wor
 def minimind_python(explicit: str | None) -> str | None:
     """A Python that can import ``datasets``: ``explicit``, ``$MINIMIND_PYTHON`` or this one; else None."""
     for candidate in (explicit, os.environ.get("MINIMIND_PYTHON"), sys.executable):
-        if candidate and launch([candidate, "-c", "import datasets"], Path.cwd(), check=False)["returncode"] == 0:
+        if candidate and bc.launch([candidate, "-c", "import datasets"], Path.cwd(), check=False)["returncode"] == 0:
             return candidate
     return None
 
@@ -135,7 +123,7 @@ def measure(data: Path, tokenizer: Path, work: Path, reps: int, mm_python: str |
     mm_first: list[dict[str, Any]] = []
     sides = ["ours"] + (["minimind"] if mm_python else [])
     for rep in range(reps):
-        for side in alternating(sides, rep):
+        for side in bc.alternating(sides, rep):
             cache = work / f"cache-{side}-{rep}"
             if side == "ours":
                 first.append(probes(py, "setup", data, cache, tokenizer)[0])
@@ -144,7 +132,7 @@ def measure(data: Path, tokenizer: Path, work: Path, reps: int, mm_python: str |
                 mm_first.append(probes(mm_python, "minimind", data, cache, tokenizer)[0])
                 if rep < reps - 1:
                     shutil.rmtree(cache, ignore_errors=True)  # MiniMind's Arrow copy: the file's size
-        say(f"  rep {rep + 1}: first build {first[-1]['setup_s']:.2f} s"
+        bc.say(f"  rep {rep + 1}: first build {first[-1]['setup_s']:.2f} s"
             + (f", MiniMind's first load {mm_first[-1]['setup_s']:.2f} s" if mm_first else ""))
     cached = [probes(py, "setup", data, keep, tokenizer)[0] for _ in range(next_reps)]
     mm_cached = [probes(mm_python, "minimind", data, work / f"cache-minimind-{reps - 1}", tokenizer)[0]
@@ -154,9 +142,9 @@ def measure(data: Path, tokenizer: Path, work: Path, reps: int, mm_python: str |
     ddp_cached = probes(py, "setup", data, work / "cache-ddp", tokenizer, at_once=2)
     loader = {w: probes(py, "loader", data, keep, tokenizer, workers=w, batches=batches)[0] for w in (0, 2)}
     out: dict[str, Any] = {
-        "first_build": stats([r["setup_s"] for r in first]),
-        "first_build_cpu": stats([r["cpu_s"] for r in first]),
-        "cached_start": stats([r["setup_s"] for r in cached]),
+        "first_build": bc.stats([r["setup_s"] for r in first]),
+        "first_build_cpu": bc.stats([r["cpu_s"] for r in first]),
+        "cached_start": bc.stats([r["setup_s"] for r in cached]),
         "first_build_peak_rss_mib": max(r["peak_rss_mib"] for r in first),
         "cached_start_peak_rss_mib": max(r["peak_rss_mib"] for r in cached),
         "builds_first": [r["built"] for r in first], "builds_cached": [r["built"] for r in cached],
@@ -167,11 +155,11 @@ def measure(data: Path, tokenizer: Path, work: Path, reps: int, mm_python: str |
         "records": first[0]["records"],
     }
     if mm_python:
-        out["minimind"] = {"python": mm_python, "first_load": stats([r["setup_s"] for r in mm_first]),
-                           "first_load_cpu": stats([r["cpu_s"] for r in mm_first]),
-                           "cached_load": stats([r["setup_s"] for r in mm_cached]),
+        out["minimind"] = {"python": mm_python, "first_load": bc.stats([r["setup_s"] for r in mm_first]),
+                           "first_load_cpu": bc.stats([r["cpu_s"] for r in mm_first]),
+                           "cached_load": bc.stats([r["setup_s"] for r in mm_cached]),
                            "peak_rss_mib": max(r["peak_rss_mib"] for r in mm_first + mm_cached)}
-        out["first_build_vs_minimind"] = stats([o["setup_s"] / m["setup_s"] for o, m in zip(first, mm_first)])
+        out["first_build_vs_minimind"] = bc.stats([o["setup_s"] / m["setup_s"] for o, m in zip(first, mm_first)])
     return out
 
 
@@ -197,11 +185,11 @@ def render(p: dict[str, Any]) -> str:
         ["index on disk", f"{p['index_bytes']:,} bytes ({p['index_bytes'] / p['records']:.0f} per record)",
          "an Arrow copy of the data" if mm else ""],
     ]
-    return table(["", "lit-minimind", "MiniMind (`load_dataset('json')`)"], rows)
+    return bc.table(["", "lit-minimind", "MiniMind (`load_dataset('json')`)"], rows)
 
 
 def plot(p: dict[str, Any], path: Path) -> Path:
-    plt = pyplot()
+    plt = bc.pyplot()
     fig, ax = plt.subplots(figsize=(7, 2.4))
     labels = ["ours: first", "ours: next"]
     values = [p["first_build"]["median"], p["cached_start"]["median"]]
@@ -213,19 +201,19 @@ def plot(p: dict[str, Any], path: Path) -> Path:
     ax.invert_yaxis()
     ax.set_xlabel("data set-up, s (median)")
     ax.set_title(f"{p['records']:,} records, {p['data_bytes'] / 1e9:.2f} GB")
-    return save_figure(fig, path)
+    return bc.save_figure(fig, path)
 
 
 def run(quick: bool = False, reps: int | None = None, records: int | None = None, directory: Path | None = None,
         mm_python: str | None = None) -> dict[str, Any]:
     records, reps = records or (QUICK_RECORDS if quick else FULL_RECORDS), reps or (1 if quick else 3)
     mm = minimind_python(mm_python)
-    _, tokenizer = default_data()
-    say(f"  {records:,} records; MiniMind's loader: {mm or 'skipped (no Python with `datasets`; --minimind-python)'}")
+    _, tokenizer = bc.default_data()
+    bc.say(f"  {records:,} records; MiniMind's loader: {mm or 'skipped (no Python with `datasets`; --minimind-python)'}")
     with tempfile.TemporaryDirectory(prefix="bench-data-", dir=directory) as tmp:
         data, start = Path(tmp) / "pretrain_t2t_mini.jsonl", time.perf_counter()
-        size = synthetic_jsonl(records, 600, 1100, path=data).stat().st_size  # MiniMind's pretraining records
-        say(f"  generated {size / 1e9:.2f} GB in {time.perf_counter() - start:.0f} s")
+        size = bc.synthetic_jsonl(records, 600, 1100, path=data).stat().st_size  # MiniMind's pretraining records
+        bc.say(f"  generated {size / 1e9:.2f} GB in {time.perf_counter() - start:.0f} s")
         measured = measure(data, tokenizer, Path(tmp), reps, mm, 20 if quick else 200, 1 if quick else 3)
     payload = {"reps": reps, "data_bytes": size, **measured, "first_build_s": measured["first_build"]["median"],
                "cached_start_s": measured["cached_start"]["median"], "cached_start_target_s": CACHED_TARGET_S,
@@ -234,4 +222,4 @@ def run(quick: bool = False, reps: int | None = None, records: int | None = None
 
 
 if __name__ == "__main__":
-    raise SystemExit(bench_main(sys.modules[__name__]))
+    raise SystemExit(bc.bench_main(sys.modules[__name__]))

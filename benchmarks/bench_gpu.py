@@ -40,24 +40,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks import common as bc
 from benchmarks.bench_overhead import Config, compare
-from benchmarks.common import (
-    BenchError,
-    bench_main,
-    cache_dir,
-    console,
-    default_data,
-    event,
-    fit_cmd,
-    fmt_num,
-    launch,
-    probe,
-    rel,
-    say,
-    stats,
-    synthetic_jsonl,
-    table,
-)
 
 NAME = "gpu"
 ARGS = [(["--jobs"], {"type": int, "default": None, "help": "(b)-(d) runs at once (default 1; quick 2)"}),
@@ -146,8 +130,8 @@ def throughput_phase(spec: Spec, data: Path, tok: Path, reps: int, peak: float |
     runs = compare(cfg, ["plain", "port", "port_nondeterministic"], data, tok, reps, warmup=False, label="a: throughput",
                    timeout=child_timeout)
     params = runs["port"][0]["params"]
-    ratio = lambda a, b: stats([x["tokens_per_s"] / y["tokens_per_s"] for x, y in zip(runs[a], runs[b])])  # noqa: E731
-    sides = {side: {"tokens_per_s": (tps := stats([r["tokens_per_s"] for r in rs])), "ms_per_batch": 1000 * cfg.tokens_per_batch / tps["median"],
+    ratio = lambda a, b: bc.stats([x["tokens_per_s"] / y["tokens_per_s"] for x, y in zip(runs[a], runs[b])])  # noqa: E731
+    sides = {side: {"tokens_per_s": (tps := bc.stats([r["tokens_per_s"] for r in rs])), "ms_per_batch": 1000 * cfg.tokens_per_batch / tps["median"],
                     "mfu": 6 * params * tps["median"] / peak if peak else None, "last_loss": [r["last_loss"] for r in rs],
                     "peak_memory_bytes": max(r["peak_memory_bytes"] or 0 for r in rs) or None, "deterministic": rs[0]["deterministic"]}
              for side, rs in runs.items()}
@@ -167,13 +151,13 @@ def exactness_phase(spec: Spec, data: Path, tok: Path, work: Path, jobs: int) ->
              "log_interval": spec.resume_log_interval, "resume.save_interval": spec.save_interval}
 
     def cli(d: Path, precision: list[str], *extra: str, kill: bool = False) -> dict[str, Any]:
-        run = launch(fit_cmd(d, data, tok, flags, *precision, *extra, *probe(warmup=cfg.warmup_batches, sync_every=spec.save_interval,
+        run = bc.launch(bc.fit_cmd(d, data, tok, flags, *precision, *extra, *bc.probe(warmup=cfg.warmup_batches, sync_every=spec.save_interval,
                                                                             kill_after_commit=kill)),
                      d, timeout=child_timeout(), check=not kill)
-        if kill and not (event(run, "committed") and run["returncode"] == -9):
+        if kill and not (bc.event(run, "committed") and run["returncode"] == -9):
             raise RuntimeError(f"the run was to kill itself after its first save (exit {run['returncode']}):\n"
                                + "".join(line for _, line in run["lines"][-20:]))
-        return {**run, "dir": d, "lines": console(run), "probe": event(run, "end")}
+        return {**run, "dir": d, "lines": bc.console(run), "probe": bc.event(run, "end")}
 
     def uninterrupted(name: str, precision: list[str], *extra: str) -> dict[str, Any]:
         return cli(work / name, precision, *extra)
@@ -201,7 +185,7 @@ def exactness_phase(spec: Spec, data: Path, tok: Path, work: Path, jobs: int) ->
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         done = {name: future.result() for name, future in {n: pool.submit(guarded, n) for n in tasks}.items()}
     for name, r in done.items():
-        say(f"  [b-d: exactness, stall] {name}: " + (f"FAILED: {r['error']}" if "error" in r else f"done in {r['wall_s']:.0f} s"))
+        bc.say(f"  [b-d: exactness, stall] {name}: " + (f"FAILED: {r['error']}" if "error" in r else f"done in {r['wall_s']:.0f} s"))
 
     def compared(ref: str, other: str, resumed: bool = False) -> dict[str, Any]:
         if errors := [f"{n}: {done[n]['error']}" for n in (ref, other) if "error" in done[n]]:
@@ -209,7 +193,7 @@ def exactness_phase(spec: Spec, data: Path, tok: Path, work: Path, jobs: int) ->
         out = compare_runs(done[ref], done[other], stem)
         if resumed:
             k = done[other]
-            m = re.search(r"_s(\d+)_g(\d+)", event(k["killed"], "committed")["path"])
+            m = re.search(r"_s(\d+)_g(\d+)", bc.event(k["killed"], "committed")["path"])
             out.update(killed_after_save_at_step=int(m[2]) if m else None,
                        killed_at_last_console_step=max((int(key.split(":")[1]) for key in k["killed"]["lines"]), default=0),
                        resumed_first_console_step=min((int(key.split(":")[1]) for key in k["resumed"]["lines"]), default=None))
@@ -243,8 +227,8 @@ def stall_summary(stall: dict[str, Any], base_s: float, warmup: int, save_interv
             if inside:
                 excess.append((p["ends"][-1][0] - p["ends"][warmup - 1][0] - window * base_s) / len(inside))
         if held:
-            out[mode] = {"saves": len(held), "held_s": stats(held), "window_excess_per_save_s": stats(excess),
-                         "slowdown_at_interval": stats(held)["median"] / (save_interval * base_s)}
+            out[mode] = {"saves": len(held), "held_s": bc.stats(held), "window_excess_per_save_s": bc.stats(excess),
+                         "slowdown_at_interval": bc.stats(held)["median"] / (save_interval * base_s)}
     return out
 
 
@@ -257,13 +241,13 @@ def render(payload: dict[str, Any]) -> str:
                   "port_nondeterministic": "port, --trainer.deterministic false"}
         vs = {"plain": 1.0, "port": a["port_over_plain"]["median"],
               "port_nondeterministic": a["port_over_plain"]["median"] * a["nondeterministic_over_default"]["median"]}
-        rows = [[labels[side], f"{fmt_num(r['tokens_per_s']['median'])} ({fmt_num(r['tokens_per_s']['min'])}–{fmt_num(r['tokens_per_s']['max'])})",
+        rows = [[labels[side], f"{bc.fmt_num(r['tokens_per_s']['median'])} ({bc.fmt_num(r['tokens_per_s']['min'])}–{bc.fmt_num(r['tokens_per_s']['max'])})",
                  f"{r['ms_per_batch']:.1f}", "–" if r["mfu"] is None else f"{100 * r['mfu']:.1f} %", f"{vs[side]:.3f}",
                  f"{r['peak_memory_bytes'] / 2**30:.1f}" if r["peak_memory_bytes"] else "–"] for side, r in a["sides"].items()]
         peak = f"{a['peak_bf16_flops'] / 1e12:.0f} TFLOPS" if a["peak_bf16_flops"] else "unknown: no MFU"
         out += [f"(a) throughput, {a['config']['name']}, {a['params'] / 1e6:.1f}M params, batch {a['config']['batch_size']}x"
                 f"{a['config']['max_seq_len']}, on {a['device']} (dense bf16 peak {peak})",
-                table(["side", "tok/s med (min–max)", "ms / micro-batch", "MFU (6N)", "÷ plain", "peak GPU GiB"], rows),
+                bc.table(["side", "tok/s med (min–max)", "ms / micro-batch", "MFU (6N)", "÷ plain", "peak GPU GiB"], rows),
                 f"Δ last loss port vs plain {a['last_loss_diff_port_plain']:.1e}", ""]
     if ex is not None:
         rows = []
@@ -278,14 +262,14 @@ def render(payload: dict[str, Any]) -> str:
                 f"equal {yes(r['console_lines_equal'])}, max |Δ| {r['state_dict_max_abs_diff']}")
             rows.append([text, yes(r["identical"]), detail])
         out += [f"(b)/(c) bit-for-bit checks ({ex['steps']} steps, a save every {ex['save_interval']}):",
-                table(["check", "identical", "detail"], rows), ""]
+                bc.table(["check", "identical", "detail"], rows), ""]
         rows = [[mode, s["saves"], f"{s['held_s']['median']:.3f} ({s['held_s']['min']:.3f}–{s['held_s']['max']:.3f})",
                  f"{s['window_excess_per_save_s']['median']:.3f}" if s["window_excess_per_save_s"]["n"] else "–",
                  f"{100 * s['slowdown_at_interval']:.2f} %"] for mode, s in (payload["save_stall"] or {}).items()]
         if rows:
             out += [f"(d) save stall at --resume.save_interval {ex['save_interval']} (checkpoint {(ex['stall']['checkpoint_bytes'] or 0) / 2**20:.0f} "
                     f"MiB + export {(ex['stall']['export_bytes'] or 0) / 2**20:.0f} MiB; no-save step {payload['base_ms_per_batch']:.1f} ms):",
-                    table(["save", "saves timed", "loop held per save s med (min–max)", "window excess per save s",
+                    bc.table(["save", "saves timed", "loop held per save s med (min–max)", "window excess per save s",
                            f"held ÷ {ex['save_interval']} steps"], rows)]
     return "\n".join(out)
 
@@ -295,15 +279,15 @@ def run(quick: bool = False, reps: int | None = None, jobs: int | None = None, p
 
     cuda = torch.cuda.is_available()
     if not cuda and not quick:
-        raise BenchError(NO_GPU)
+        raise bc.BenchError(NO_GPU)
     spec = QUICK if quick else GPU
     reps, jobs, start = reps or spec.reps, jobs or spec.jobs, time.perf_counter()
     DEADLINE.update(at=time.monotonic() + spec.deadline_s, child_s=spec.child_timeout_s)
-    _, tok = default_data()
-    data = synthetic_jsonl(spec.lines, 2400, 3000, seed=7)
+    _, tok = bc.default_data()
+    data = bc.synthetic_jsonl(spec.lines, 2400, 3000, seed=7)
     device = torch.cuda.get_device_name() if cuda and not quick else "CPU (--quick)"
-    say(f"  {spec.cfg.name} on {device}" + (" (--quick: CPU smoke test, not GPU results)" if quick else ""))
-    work = Path(tempfile.mkdtemp(prefix="bench-gpu-", dir=cache_dir()))
+    bc.say(f"  {spec.cfg.name} on {device}" + (" (--quick: CPU smoke test, not GPU results)" if quick else ""))
+    work = Path(tempfile.mkdtemp(prefix="bench-gpu-", dir=bc.cache_dir()))
     a, errors = None, []
     try:
         try:
@@ -315,7 +299,7 @@ def run(quick: bool = False, reps: int | None = None, jobs: int | None = None, p
         shutil.rmtree(work, ignore_errors=True)
     base = a["sides"]["port"]["ms_per_batch"] / 1000 if a is not None else None
     payload = {"results_file": "gpu_quick" if quick else "gpu", "gpu_results": not quick, "reps": reps, "jobs": jobs,
-               "cuda": torch.version.cuda, "device": device, "data": rel(data), "tokenizer": rel(tok), "spec": asdict(spec),
+               "cuda": torch.version.cuda, "device": device, "data": bc.rel(data), "tokenizer": bc.rel(tok), "spec": asdict(spec),
                "throughput": a, "exactness": ex, "base_ms_per_batch": 1000 * base if base else None,
                "save_stall": stall_summary(ex["stall"], base, spec.cfg.warmup_batches, spec.save_interval) if base else None,
                "wall_s": time.perf_counter() - start, "deadline_s": spec.deadline_s, "child_timeout_s": spec.child_timeout_s,
@@ -330,4 +314,4 @@ def run(quick: bool = False, reps: int | None = None, jobs: int | None = None, p
 
 
 if __name__ == "__main__":
-    raise SystemExit(bench_main(sys.modules[__name__]))
+    raise SystemExit(bc.bench_main(sys.modules[__name__]))

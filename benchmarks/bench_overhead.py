@@ -1,21 +1,14 @@
 """Port overhead: training tokens/s of python -m lit_minimind.fit vs a plain PyTorch loop of the same training.
 
-Both sides run as processes, alternately, on the same model (seed 42: the same initial weights), batches (MiniMind's
-per-epoch permutation), AdamW (weight decay 0.01), fp32, accumulation (loss / N), LR rule and clipping (1.0): the port
-is the real CLI (its callbacks, CSV logger, deterministic default, console) with :class:`benchmarks.probes.Probe`
-added by ``--trainer.callbacks+=``; the plain side is :func:`benchmarks.probes.plain_loop` (MiniMind's ``train_epoch``).
-Throughput is steady state: from the end of the last warm-up micro-batch to the end of the last timed one (data,
-hooks, logging and optimizer steps inside); the headline is the median over repetitions of the per-pair ratio
-port / plain, whose last losses must agree (same training). The same ratio by process CPU time is a second opinion.
-
-Attribution (``loop_overhead_ms``, target <= 0.6 ms): a small model with an optimizer step every micro-batch, stamped
-at the same boundaries on both sides (torch's forward and optimizer-step hooks, Lightning's backward / optimizer /
-batch hooks; the plain loop stamps itself): a micro-batch minus the shared work (forward, backward, clipping + AdamW
-update, and the data, timed alone over the same loader after the run) is the loop's own cost; port minus plain is the
-port's cost per micro-batch. Every phase between consecutive stamps is written to ``loop_phases.json``.
-
-Also (not with ``--quick``): ``--model.compile true`` vs eager through the CLI, the compile in the warm-up batches;
-cold compile s = the first compiled run's launch -> first batch minus the eager run's, in a fresh inductor cache.
+Both sides are processes, alternating, training the same model (seed 42), batches, AdamW, fp32, accumulation, LR rule
+and clipping: the real CLI with :class:`benchmarks.probes.Probe` on its command line, and
+:func:`benchmarks.probes.plain_loop` (MiniMind's ``train_epoch``). Tokens/s over the steady-state window; headline:
+the median per-pair ratio port / plain (last losses must agree), also by CPU time. Attribution (``loop_overhead_ms``,
+target <= 0.6 ms): a 64x1 model stepping every micro-batch, both sides stamped at the same boundaries (torch's forward
+and optimizer-step hooks, Lightning's callback hooks); a micro-batch minus forward, backward, clip + AdamW and the data
+(timed alone over the same loader) is the loop's cost, port minus plain the port's; every phase goes to
+``loop_phases.json``. Not with ``--quick``: ``--model.compile true`` vs eager (cold compile: the first compiled run's
+launch -> first batch minus the eager one's, in a fresh inductor cache).
 """
 
 from __future__ import annotations
@@ -28,25 +21,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import (
-    alternating,
-    bench_main,
-    cache_dir,
-    child_env,
-    default_data,
-    event,
-    fit_cmd,
-    fmt_num,
-    launch,
-    probe,
-    pyplot,
-    rel,
-    save_figure,
-    say,
-    spread,
-    stats,
-    table,
-)
+from benchmarks import common as bc
 
 NAME = "overhead"
 ARGS = [(["--no-compile"], {"action": "store_true", "help": "skip the --model.compile true runs (a minute of compiling)"})]
@@ -103,41 +78,41 @@ def side_cmd(side: str, cfg: Config, data: Path, tok: Path, work: Path, stamps: 
              "data.num_workers": cfg.num_workers, "trainer.max_steps": cfg.batches // cfg.accumulate,
              "trainer.accumulate_grad_batches": cfg.accumulate, "trainer.accelerator": cfg.accelerator,
              "trainer.precision": cfg.precision, "log_interval": cfg.log_interval, **PORT[side]}
-    return fit_cmd(work, data, tok, flags, *probe(stamps=stamps, warmup=cfg.warmup_batches, data_batches=data_batches))
+    return bc.fit_cmd(work, data, tok, flags, *bc.probe(stamps=stamps, warmup=cfg.warmup_batches, data_batches=data_batches))
 
 
 def one(side: str, cfg: Config, data: Path, tok: Path, stamps: bool = False, env: dict[str, str] | None = None,
         timeout: Any = None) -> dict[str, Any]:
     """One run of ``side``: its probe's end event plus tokens/s by wall clock and by CPU time, launch -> first batch
     (``timeout()``: the seconds it may take)."""
-    with tempfile.TemporaryDirectory(prefix="bench-overhead-", dir=cache_dir()) as tmp:
-        run = launch(side_cmd(side, cfg, data, tok, Path(tmp), stamps), Path(tmp), env=env, timeout=timeout() if timeout else 900)
-    end = event(run, "end")
+    with tempfile.TemporaryDirectory(prefix="bench-overhead-", dir=bc.cache_dir()) as tmp:
+        run = bc.launch(side_cmd(side, cfg, data, tok, Path(tmp), stamps), Path(tmp), env=env, timeout=timeout() if timeout else 900)
+    end = bc.event(run, "end")
     assert end is not None and len(end["ends"]) == cfg.batches, (side, end and len(end["ends"]))
     first, last = end["ends"][cfg.warmup_batches - 1], end["ends"][cfg.batches - 1]
     tokens = cfg.timed_batches * cfg.tokens_per_batch
     return {**end, "tokens_per_s": tokens / (last[0] - first[0]), "cpu_tokens_per_s": tokens / (last[1] - first[1]),
-            "start_to_first_batch_s": event(run, "batch_end")["t"]}
+            "start_to_first_batch_s": bc.event(run, "batch_end")["t"]}
 
 
 def compare(cfg: Config, sides: list[str], data: Path, tok: Path, reps: int, warmup: bool = True, stamps: bool = False,
             env: dict[str, str] | None = None, label: str = "", timeout: Any = None) -> dict[str, list[dict[str, Any]]]:
     """``reps`` rotated repetitions of every side (after a warm-up run of each): each side's runs."""
     if warmup:
-        say(f"  [{label or cfg.name}] warm-up run of each side ...")
+        bc.say(f"  [{label or cfg.name}] warm-up run of each side ...")
         for side in sides:
             one(side, cfg, data, tok, stamps, env, timeout)
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in sides}
     for rep in range(reps):
-        for side in alternating(sides, rep):
+        for side in bc.alternating(sides, rep):
             runs[side].append(one(side, cfg, data, tok, stamps, env, timeout))
-        say(f"  [{label or cfg.name}] rep {rep + 1}/{reps}: " + ", ".join(f"{s} {runs[s][-1]['tokens_per_s']:,.0f} tok/s" for s in sides))
+        bc.say(f"  [{label or cfg.name}] rep {rep + 1}/{reps}: " + ", ".join(f"{s} {runs[s][-1]['tokens_per_s']:,.0f} tok/s" for s in sides))
     return runs
 
 
 def ratio(runs: dict[str, list[dict[str, Any]]], a: str, b: str, key: str = "tokens_per_s") -> dict[str, Any]:
     """``a / b`` within each repetition."""
-    return stats([x[key] / y[key] for x, y in zip(runs[a], runs[b])])
+    return bc.stats([x[key] / y[key] for x, y in zip(runs[a], runs[b])])
 
 
 def measure(cfg: Config, data: Path, tok: Path, reps: int, quick: bool) -> dict[str, Any]:
@@ -146,8 +121,8 @@ def measure(cfg: Config, data: Path, tok: Path, reps: int, quick: bool) -> dict[
          "cpu_ratio": ratio(runs, "lightning", "plain", "cpu_tokens_per_s"), "target_ratio": TARGET_RATIO,
          "max_abs_last_loss_diff": max(abs(p["last_loss"] - q["last_loss"]) for p, q in zip(runs["plain"], runs["lightning"]))}
     for side in runs:
-        r[f"{side}_tokens_per_s"] = stats([x["tokens_per_s"] for x in runs[side]])
-        r[f"{side}_start_to_first_batch_s"] = stats([x["start_to_first_batch_s"] for x in runs[side]])
+        r[f"{side}_tokens_per_s"] = bc.stats([x["tokens_per_s"] for x in runs[side]])
+        r[f"{side}_start_to_first_batch_s"] = bc.stats([x["start_to_first_batch_s"] for x in runs[side]])
         r[f"{side}_ms_per_batch"] = 1000 * cfg.tokens_per_batch / r[f"{side}_tokens_per_s"]["median"]
     r["target_met"] = r["ratio"]["median"] >= TARGET_RATIO
     return r
@@ -181,8 +156,8 @@ def attribution(cfg: Config, data: Path, tok: Path, reps: int, quick: bool) -> t
             # the mean also counts what happens every log_interval only (the console's line, the logger's rows)
             per_run[side].append({**{k: statistics.median(r[k] for r in rows) for k in rows[0]},
                                   "loop (mean)": statistics.fmean(r["loop"] for r in rows)})
-    ms = {side: {k: stats([r[k] for r in rs]) for k in rs[0]} for side, rs in per_run.items()}
-    diff = lambda key: stats([lt[key] - p[key] for p, lt in zip(per_run["plain"], per_run["lightning"])])
+    ms = {side: {k: bc.stats([r[k] for r in rs]) for k in rs[0]} for side, rs in per_run.items()}
+    diff = lambda key: bc.stats([lt[key] - p[key] for p, lt in zip(per_run["plain"], per_run["lightning"])])
     loop_phases = {"config": asdict(cfg), "reps": reps}
     for side, got in phase_ms.items():
         medians = {k: statistics.median(v) for k, v in got.items()}
@@ -199,13 +174,13 @@ def attribution(cfg: Config, data: Path, tok: Path, reps: int, quick: bool) -> t
 
 def compile_measure(cfg: Config, data: Path, tok: Path, reps: int) -> dict[str, Any]:
     """Eager vs ``--model.compile true`` through the CLI, alternating; every run in one fresh inductor cache."""
-    with tempfile.TemporaryDirectory(prefix="bench-inductor-", dir=cache_dir()) as inductor:
-        say(f"  [compile {cfg.name}] the first compiled run compiles (about a minute on a CPU) ...")
+    with tempfile.TemporaryDirectory(prefix="bench-inductor-", dir=bc.cache_dir()) as inductor:
+        bc.say(f"  [compile {cfg.name}] the first compiled run compiles (about a minute on a CPU) ...")
         runs = compare(cfg, ["lightning", "compiled"], data, tok, reps, warmup=False,
-                       env=child_env(TORCHINDUCTOR_CACHE_DIR=inductor), label=f"compile {cfg.name}")
+                       env=bc.child_env(TORCHINDUCTOR_CACHE_DIR=inductor), label=f"compile {cfg.name}")
     return {"config": asdict(cfg), "params": runs["lightning"][0]["params"],
-            "eager_tokens_per_s": stats([r["tokens_per_s"] for r in runs["lightning"]]),
-            "compiled_tokens_per_s": stats([r["tokens_per_s"] for r in runs["compiled"]]),
+            "eager_tokens_per_s": bc.stats([r["tokens_per_s"] for r in runs["lightning"]]),
+            "compiled_tokens_per_s": bc.stats([r["tokens_per_s"] for r in runs["compiled"]]),
             "speedup": ratio(runs, "compiled", "lightning"), "cpu_speedup": ratio(runs, "compiled", "lightning", "cpu_tokens_per_s"),
             "compile_s_estimate": runs["compiled"][0]["start_to_first_batch_s"] - runs["lightning"][0]["start_to_first_batch_s"],
             "max_abs_last_loss_diff": max(abs(c["last_loss"] - e["last_loss"]) for c, e in zip(runs["compiled"], runs["lightning"]))}
@@ -213,11 +188,11 @@ def compile_measure(cfg: Config, data: Path, tok: Path, reps: int) -> dict[str, 
 
 def render_compile(c: dict[str, Any]) -> str:
     cfg, e, k = c["config"], c["eager_tokens_per_s"], c["compiled_tokens_per_s"]
-    return table(["config", "params", "batch", "eager tok/s med (min–max)", "compiled tok/s med (min–max)",
+    return bc.table(["config", "params", "batch", "eager tok/s med (min–max)", "compiled tok/s med (min–max)",
                   "compiled / eager med (min–max)", "CPU-time ratio med", "cold compile s", "Δ last loss"],
                  [[cfg["name"], f"{c['params'] / 1e6:.1f}M", f"{cfg['batch_size']}x{cfg['max_seq_len']}, acc {cfg['accumulate']}",
-                   f"{fmt_num(e['median'])} ({fmt_num(e['min'])}–{fmt_num(e['max'])})",
-                   f"{fmt_num(k['median'])} ({fmt_num(k['min'])}–{fmt_num(k['max'])})", f"**{spread(c['speedup'])}**",
+                   f"{bc.fmt_num(e['median'])} ({bc.fmt_num(e['min'])}–{bc.fmt_num(e['max'])})",
+                   f"{bc.fmt_num(k['median'])} ({bc.fmt_num(k['min'])}–{bc.fmt_num(k['max'])})", f"**{bc.spread(c['speedup'])}**",
                    f"{c['cpu_speedup']['median']:.3f}", f"{c['compile_s_estimate']:.0f}", f"{c['max_abs_last_loss_diff']:.1e}"]])
 
 
@@ -225,9 +200,9 @@ def render_attribution(at: dict[str, Any]) -> str:
     names = {"batch": "whole micro-batch", "data": "data (the same loader, alone)", "step": "clip + AdamW update",
              "loop": "loop = whole − (data + forward + backward + clip + AdamW)"}
     p, lt = at["ms_per_batch"]["plain"], at["ms_per_batch"]["lightning"]
-    rows = [[names.get(k, k), f"{p[k]['median']:.3f}", spread(lt[k])] for k in ("batch", "data", *SHARED, "loop")]
-    rows.append(["**port overhead = port loop − plain loop**", "", f"**{spread(at['lightning_minus_plain_loop_ms'])}**"])
-    return table(["ms per micro-batch (median)", "plain", "port med (min–max over runs)"], rows)
+    rows = [[names.get(k, k), f"{p[k]['median']:.3f}", bc.spread(lt[k])] for k in ("batch", "data", *SHARED, "loop")]
+    rows.append(["**port overhead = port loop − plain loop**", "", f"**{bc.spread(at['lightning_minus_plain_loop_ms'])}**"])
+    return bc.table(["ms per micro-batch (median)", "plain", "port med (min–max over runs)"], rows)
 
 
 def render_phases(result: dict[str, Any]) -> str:
@@ -235,20 +210,20 @@ def render_phases(result: dict[str, Any]) -> str:
     for side in ("plain", "lightning"):
         rows.append([side, "**loop ms (the phases above minus the data alone)**", f"**{result[side]['loop_ms']:.3f}**"])
     rows.append(["", "**port − plain**", f"**{result['lightning_minus_plain_loop_ms']:+.3f}**"])
-    return table(["side", "phase (between consecutive stamps; medians)", "ms per micro-batch"], rows)
+    return bc.table(["side", "phase (between consecutive stamps; medians)", "ms per micro-batch"], rows)
 
 
 def render(results: list[dict[str, Any]]) -> str:
     rows = [[r["config"]["name"], f"{r['params'] / 1e6:.1f}M", f"{r['config']['batch_size']}x{r['config']['max_seq_len']}, acc {r['config']['accumulate']}",
-             *(f"{fmt_num(s['median'])} ({fmt_num(s['min'])}–{fmt_num(s['max'])})" for s in (r["plain_tokens_per_s"], r["lightning_tokens_per_s"])),
-             f"**{spread(r['ratio'])}**", spread(r["cpu_ratio"]), f"≥ {r['target_ratio']}: {'yes' if r['target_met'] else 'NO'}",
+             *(f"{bc.fmt_num(s['median'])} ({bc.fmt_num(s['min'])}–{bc.fmt_num(s['max'])})" for s in (r["plain_tokens_per_s"], r["lightning_tokens_per_s"])),
+             f"**{bc.spread(r['ratio'])}**", bc.spread(r["cpu_ratio"]), f"≥ {r['target_ratio']}: {'yes' if r['target_met'] else 'NO'}",
              f"{r['max_abs_last_loss_diff']:.1e}"] for r in results]
-    return table(["config", "params", "batch", "plain tok/s med (min–max)", "port tok/s med (min–max)", "ratio med (min–max)",
+    return bc.table(["config", "params", "batch", "plain tok/s med (min–max)", "port tok/s med (min–max)", "ratio med (min–max)",
                   "CPU-time ratio med (min–max)", "target", "Δ last loss"], rows)
 
 
 def plot(p: dict[str, Any], path: Path) -> Path:
-    plt = pyplot()
+    plt = bc.pyplot()
     results, ms = p["results"], p["attribution"]["ms_per_batch"]
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(12, 3.6), gridspec_kw={"width_ratios": [1.2, 1, 1]})
     names = [r["config"]["name"] for r in results]
@@ -276,17 +251,17 @@ def plot(p: dict[str, Any], path: Path) -> Path:
     ax3.set_xticks([0, 1], ["plain", "port"])
     ax3.set(ylabel="ms per micro-batch (median)", title=f"where a micro-batch goes\n({p['attribution']['config']['name']})")
     ax3.legend(fontsize=7)
-    return save_figure(fig, path)
+    return bc.save_figure(fig, path)
 
 
 def run(quick: bool = False, reps: int | None = None, no_compile: bool = False) -> dict[str, Any]:
     reps = reps or (2 if quick else 5)
-    data, tok = default_data()
+    data, tok = bc.default_data()
     results = [measure(cfg, data, tok, reps, quick) for cfg in (QUICK_CONFIGS if quick else FULL_CONFIGS)]
     comp = compile_measure(COMPILE, data, tok, min(reps, 3)) if not (quick or no_compile) else None
     at, loop_phases = attribution(QUICK_ATTRIBUTION if quick else ATTRIBUTION, data, tok, reps, quick)
     overhead = at["lightning_minus_plain_loop_ms"]["median"]
-    return {"reps": reps, "data": rel(data), "tokenizer": rel(tok), "results": results, "table": render(results),
+    return {"reps": reps, "data": bc.rel(data), "tokenizer": bc.rel(tok), "results": results, "table": render(results),
             "notes": [f"- {r['config']['name']}: {r['config']['note']}" for r in results if r["config"]["note"]],
             "compile": comp or {"skipped": "--quick" if quick else "--no-compile"}, "compile_table": render_compile(comp) if comp else "",
             "attribution": at, "attribution_table": render_attribution(at),
@@ -299,4 +274,4 @@ def run(quick: bool = False, reps: int | None = None, no_compile: bool = False) 
 
 
 if __name__ == "__main__":
-    raise SystemExit(bench_main(sys.modules[__name__]))
+    raise SystemExit(bc.bench_main(sys.modules[__name__]))

@@ -1,17 +1,9 @@
 """Checkpoints on object storage: upload throughput and the training loop's stall with a remote directory.
 
-An S3-compatible server (moto's threaded server on localhost, in its own process at nice 15) stands in for the bucket;
-everything goes through ``s3fs`` and HTTP as with a real one (its absolute speed is localhost's and moto's, not a
-cloud's: the ratios are the point).
-
-* **Upload throughput** of one checkpoint-sized file (an ``atomic_save`` of random tensors): ``bare`` =
-  ``s3fs.put_file``, ``ours`` = :meth:`lit_minimind.checkpoint.remote.RemoteDir.upload` (data, size + CRC-32 read back
-  from the remote, manifest object: the commit). Alternating repetitions; MB/s and ours ÷ bare.
-* **Loop stall of a save**: the CLI with :class:`benchmarks.probes.Probe` (each save's ``ResumeCallback.save_seconds``:
-  the loop's wait) trains with a save every 2 batches, with local directories (the default async save) and with
-  ``s3://`` directories (the same local save, then the background upload); median stall per save, remote ÷ local
-  (target <= 1.2). The upload process stands still while the loop takes a save's snapshot; the server on the same
-  machine still competes for CPU and memory bandwidth, which a bucket elsewhere would not.
+moto's S3 server on localhost (its own process, nice 15) stands in for a bucket, through ``s3fs`` (ratios are the
+point). Upload: ``s3fs.put_file`` vs :meth:`lit_minimind.checkpoint.remote.RemoteDir.upload` (upload, size + CRC-32
+read back, manifest), alternating. Loop stall: the CLI with :class:`benchmarks.probes.Probe` (each save's
+``ResumeCallback.save_seconds``), a save every 2 batches, local vs ``s3://`` directories (target remote ÷ local <= 1.2).
 """
 
 from __future__ import annotations
@@ -26,19 +18,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import (
-    alternating,
-    bench_main,
-    cache_dir,
-    child_env,
-    default_data,
-    event,
-    fit_cmd,
-    launch,
-    probe,
-    stats,
-    table,
-)
+from benchmarks import common as bc
 
 NAME = "remote"
 TARGET_STALL_RATIO, SAVE_EVERY = 1.2, 2
@@ -87,7 +67,7 @@ def upload_throughput(server: Server, megabytes: int, reps: int, workdir: Path) 
     remote = RemoteDir(f"s3://{server.bucket}/throughput")
     seconds: dict[str, list[float]] = {"bare": [], "ours": []}
     for rep in range(reps + 1):  # the first: warm-up (connections, imports)
-        for variant in alternating(["bare", "ours"], rep):
+        for variant in bc.alternating(["bare", "ours"], rep):
             name, start = f"{variant}-{rep}.ckpt", time.perf_counter()
             if variant == "bare":
                 remote.fs.put_file(str(path), remote.path(name))
@@ -97,24 +77,24 @@ def upload_throughput(server: Server, megabytes: int, reps: int, workdir: Path) 
             if rep:
                 seconds[variant].append(time.perf_counter() - start)
             remote.remove(name)
-    return {"bytes": size, "mb_per_s": {v: stats([size / s / 1e6 for s in seconds[v]]) for v in seconds},
-            "ours_over_bare": stats([b / o for b, o in zip(seconds["bare"], seconds["ours"])])}  # ours' throughput / bare's
+    return {"bytes": size, "mb_per_s": {v: bc.stats([size / s / 1e6 for s in seconds[v]]) for v in seconds},
+            "ours_over_bare": bc.stats([b / o for b, o in zip(seconds["bare"], seconds["ours"])])}  # ours' throughput / bare's
 
 
 def loop_stall(server: Server, hidden: int, layers: int, batches: int, reps: int, workdir: Path) -> dict[str, Any]:
-    data, tok = default_data()
+    data, tok = bc.default_data()
     flags = {"model.hidden_size": hidden, "model.num_hidden_layers": layers, "data.max_seq_len": 64, "data.batch_size": 2,
              "trainer.max_steps": batches, "trainer.logger": "false", "resume.save_interval": SAVE_EVERY}
     stalls: dict[str, list[float]] = {"local": [], "remote": []}
     for rep in range(reps):
-        for variant in alternating(["local", "remote"], rep):
+        for variant in bc.alternating(["local", "remote"], rep):
             run_dir = workdir / f"{variant}-{rep}"
             remote = {} if variant == "local" else {"resume.ckpt_dir": f"s3://{server.bucket}/{variant}-{rep}/checkpoints",
                                                     "resume.out_dir": f"s3://{server.bucket}/{variant}-{rep}/out"}
-            run = launch(fit_cmd(run_dir, data, tok, {**flags, **remote}, *probe()), run_dir, env=child_env(**server.env))
-            stalls[variant] += [s["s"] for s in event(run, "end")["saves"][1:]]  # the first save allocates the snapshot buffers
+            run = bc.launch(bc.fit_cmd(run_dir, data, tok, {**flags, **remote}, *bc.probe()), run_dir, env=bc.child_env(**server.env))
+            stalls[variant] += [s["s"] for s in bc.event(run, "end")["saves"][1:]]  # the first save allocates the snapshot buffers
             shutil.rmtree(run_dir, ignore_errors=True)
-    summary = {v: stats(stalls[v]) for v in stalls}
+    summary = {v: bc.stats(stalls[v]) for v in stalls}
     ratio = summary["remote"]["median"] / summary["local"]["median"]
     return {"hidden": hidden, "layers": layers, "saves_per_run": batches // SAVE_EVERY, "stall_s": summary,
             "remote_over_local": ratio, "target": TARGET_STALL_RATIO, "target_met": ratio <= TARGET_STALL_RATIO}
@@ -123,7 +103,7 @@ def loop_stall(server: Server, hidden: int, layers: int, batches: int, reps: int
 def run(quick: bool = False, reps: int | None = None) -> dict[str, Any]:
     reps = reps or (2 if quick else 5)
     megabytes, (hidden, layers), batches = (4, (64, 2), 8) if quick else (256, (256, 4), 24)
-    server, workdir = Server(), Path(tempfile.mkdtemp(dir=cache_dir(), prefix="bench-remote-"))
+    server, workdir = Server(), Path(tempfile.mkdtemp(dir=bc.cache_dir(), prefix="bench-remote-"))
     try:
         upload = upload_throughput(server, megabytes, reps, workdir)
         stall = loop_stall(server, hidden, layers, batches, 1 if quick else reps, workdir)
@@ -136,8 +116,8 @@ def run(quick: bool = False, reps: int | None = None) -> dict[str, Any]:
             [f"loop stall of a save, {hidden}x{layers} model, s", f"{s['local']['median']:.4f} (local async)",
              f"{s['remote']['median']:.4f} (s3:// dirs)",
              f"{stall['remote_over_local']:.2f} (target <= {TARGET_STALL_RATIO}: {'met' if stall['target_met'] else 'NOT met'})"]]
-    return {"reps": reps, "upload": upload, "stall": stall, "table": table(["measure", "baseline", "ours", "ours ÷ baseline"], rows)}
+    return {"reps": reps, "upload": upload, "stall": stall, "table": bc.table(["measure", "baseline", "ours", "ours ÷ baseline"], rows)}
 
 
 if __name__ == "__main__":
-    raise SystemExit(bench_main(sys.modules[__name__]))
+    raise SystemExit(bc.bench_main(sys.modules[__name__]))

@@ -1,17 +1,12 @@
 """Restart breakdown: where the seconds of a resume start go, process start -> first optimizer step.
 
-A tiny model (64x2, seq 64, batch 4, accumulation 1) trains 3 steps on the embedded corpus and saves; then, in every
-repetition, ``python -X importtime -m lit_minimind.fit ... --ckpt_path last`` resumes from that checkpoint and is
-killed at its first console line (after the first batch: with accumulation 1, the first optimizer step). Nothing is
-added to the process: the phases are cut at lines it prints anyway, stamped as read (:func:`benchmarks.common.launch`):
-the ``-X importtime`` line of ``site`` (interpreter initialised) and of ``lit_minimind.cli.fit`` (its imports done),
-``Seed set to 42`` (LightningCLI parsed the command line), Lightning's ``Restoring states from the checkpoint`` (before
-it: model, Trainer and DataModule built, the checkpoint chosen and read, the data index opened, Lightning's set-up),
-``Restored all states`` and the first console line. The span before ``Restoring`` has no line inside it, so its two
-parts of interest are timed in isolation in a fresh process after its imports, calling the same public functions
-(``choose_checkpoint`` + ``read_start_checkpoint``; ``MiniMindDataModule.setup`` with the index cached). Late imports
-(after the CLI's own) are summed per phase. For comparison each repetition also times ``python -X importtime -c
-"import torch, lightning"`` and the same resume without ``-X importtime``.
+A 64x2 model trains 3 steps and saves; each repetition starts ``python -X importtime -m lit_minimind.fit ...
+--ckpt_path last`` and kills it at its first console line. Nothing is added to the process: phases are cut at lines
+it prints anyway, stamped as read (the ``-X importtime`` lines of ``site`` and ``lit_minimind.cli.fit``, ``Seed set``,
+Lightning's ``Restoring states`` / ``Restored all states``, the console line). The span before ``Restoring`` has no
+line, so its parts are timed alone in a fresh process with the same public functions (``choose_checkpoint`` +
+``read_start_checkpoint``, ``MiniMindDataModule.setup`` with the index cached). Also: late imports per phase,
+``python -X importtime -c "import torch, lightning"`` and the resume without ``-X importtime``.
 """
 
 from __future__ import annotations
@@ -23,20 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import (
-    CONSOLE_LINE_RE,
-    alternating,
-    bench_main,
-    cache_dir,
-    default_data,
-    fit_cmd,
-    launch,
-    pyplot,
-    save_figure,
-    say,
-    stats,
-    table,
-)
+from benchmarks import common as bc
 
 NAME = "restart"
 MODEL, MAX_SEQ_LEN, BATCH_SIZE, TRAINED_STEPS, STEM = {"hidden_size": 64, "num_hidden_layers": 2}, 64, 4, 3, "pretrain_64"
@@ -72,7 +54,7 @@ def parse_importtime(line: str) -> tuple[int, str, int] | None:
 
 def resume_start(cmd: list[str], work: Path, importtime: bool) -> dict[str, Any]:
     """One resume start, killed at its first console line: when each marker line was read, the top-level imports."""
-    run = launch(cmd[:1] + (["-X", "importtime"] if importtime else []) + cmd[1:], work, until=CONSOLE_LINE_RE.search)
+    run = bc.launch(cmd[:1] + (["-X", "importtime"] if importtime else []) + cmd[1:], work, until=bc.CONSOLE_LINE_RE.search)
     events: dict[str, float] = {}
     imports, packages, first = [], {}, {}
     for t, line in run["lines"]:
@@ -84,7 +66,7 @@ def resume_start(cmd: list[str], work: Path, importtime: bool) -> dict[str, Any]
                 imports.append((t, cumulative, name))
             if "." not in name:
                 packages.setdefault(name, cumulative)
-        elif m := CONSOLE_LINE_RE.search(line):
+        elif m := bc.CONSOLE_LINE_RE.search(line):
             events["first_line"], first = t, {"epoch": int(m[1]), "step": int(m[3]), "iters": int(m[4])}
         else:
             events.update({e: t for e, start in MARKERS if line.startswith(start) and e not in events})
@@ -114,43 +96,43 @@ def late_imports(run: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def run(quick: bool = False, reps: int | None = None) -> dict[str, Any]:
     reps = reps or (1 if quick else 5)
-    data, tok = default_data()
-    work = Path(tempfile.mkdtemp(prefix="bench-restart-", dir=cache_dir()))
+    data, tok = bc.default_data()
+    work = Path(tempfile.mkdtemp(prefix="bench-restart-", dir=bc.cache_dir()))
     flags = {"model.hidden_size": MODEL["hidden_size"], "model.num_hidden_layers": MODEL["num_hidden_layers"],
              "data.max_seq_len": MAX_SEQ_LEN, "data.batch_size": BATCH_SIZE, "log_interval": 1}
     try:
-        launch(fit_cmd(work, data, tok, {**flags, "trainer.max_steps": TRAINED_STEPS, "resume.save_interval": TRAINED_STEPS}), work)
-        cmd = fit_cmd(work, data, tok, flags, "--ckpt_path", "last")  # killed before any save
+        bc.launch(bc.fit_cmd(work, data, tok, {**flags, "trainer.max_steps": TRAINED_STEPS, "resume.save_interval": TRAINED_STEPS}), work)
+        cmd = bc.fit_cmd(work, data, tok, flags, "--ckpt_path", "last")  # killed before any save
         kinds = ["resume -X importtime", "resume", "import torch, lightning", "isolated parts"]
         runs: dict[str, list[Any]] = {k: [] for k in kinds}
         for rep in range(reps):
-            for kind in alternating(kinds, rep):
+            for kind in bc.alternating(kinds, rep):
                 if kind.startswith("resume"):
                     r = resume_start(cmd, work, importtime=kind != "resume")
                     if r["first"]["step"] != TRAINED_STEPS + 1:
                         raise RuntimeError(f"the resume's first console line is step {r['first']['step']}, expected {TRAINED_STEPS + 1}")
                 elif kind == "isolated parts":
-                    r = json.loads(launch([sys.executable, "-c", ISOLATED, str(work / "checkpoints"), str(data), str(tok)],
+                    r = json.loads(bc.launch([sys.executable, "-c", ISOLATED, str(work / "checkpoints"), str(data), str(tok)],
                                           work)["lines"][-1][1])
                 else:
-                    bare = launch([sys.executable, "-X", "importtime", "-c", "import torch, lightning"], work)
+                    bare = bc.launch([sys.executable, "-X", "importtime", "-c", "import torch, lightning"], work)
                     done = [t for t, line in bare["lines"] if (p := parse_importtime(line)) and p[1] == "lightning" and p[2] == 0]
                     r = {"imported": done[0], "exit": bare["wall_s"]}
                 runs[kind].append(r)
-            say(f"  rep {rep + 1}/{reps}: {runs['resume -X importtime'][-1]['events']['first_line']:.2f} s to the first optimizer "
+            bc.say(f"  rep {rep + 1}/{reps}: {runs['resume -X importtime'][-1]['events']['first_line']:.2f} s to the first optimizer "
                 f"step (-X importtime), {runs['resume'][-1]['events']['first_line']:.2f} s without")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     traced = runs["resume -X importtime"]
-    phases = {label: stats([hi - lo for r in traced for lab, lo, hi in bounds(r) if lab == label]) for label, _ in PHASES}
-    parts = {k: stats([r[k] for r in runs["isolated parts"]]) for k in runs["isolated parts"][0]}
-    late = {label: {**late_imports(traced[0])[label], **{k: stats([late_imports(r)[label][k] for r in traced])["median"]
+    phases = {label: bc.stats([hi - lo for r in traced for lab, lo, hi in bounds(r) if lab == label]) for label, _ in PHASES}
+    parts = {k: bc.stats([r[k] for r in runs["isolated parts"]]) for k in runs["isolated parts"][0]}
+    late = {label: {**late_imports(traced[0])[label], **{k: bc.stats([late_imports(r)[label][k] for r in traced])["median"]
                                                         for k in ("seconds", "largest_s")}} for label, _ in PHASES[2:]}
-    total = stats([r["events"]["first_line"] for r in traced])
-    plain = stats([r["events"]["first_line"] for r in runs["resume"]])
-    bare = stats([r["imported"] for r in runs["import torch, lightning"]])
-    bare_exit = stats([r["exit"] for r in runs["import torch, lightning"]])
-    top_imports = sorted(((stats([r["packages"].get(n, 0) / 1e6 for r in traced])["median"], n)  # each package's first import
+    total = bc.stats([r["events"]["first_line"] for r in traced])
+    plain = bc.stats([r["events"]["first_line"] for r in runs["resume"]])
+    bare = bc.stats([r["imported"] for r in runs["import torch, lightning"]])
+    bare_exit = bc.stats([r["exit"] for r in runs["import torch, lightning"]])
+    top_imports = sorted(((bc.stats([r["packages"].get(n, 0) / 1e6 for r in traced])["median"], n)  # each package's first import
                           for n in traced[0]["packages"] if n != "lit_minimind"), reverse=True)[:8]
     cell = lambda s: f"{s['median']:.3f}" + (f" ({s['min']:.3f}–{s['max']:.3f})" if s["n"] > 1 else "")
     share = lambda s: f"{s['median'] / total['median']:.0%}"
@@ -174,12 +156,12 @@ def run(quick: bool = False, reps: int | None = None) -> dict[str, Any]:
             "phases_s": phases, "isolated_parts_s": parts, "late_imports": late, "launch_to_first_step_s": total,
             "launch_to_first_step_plain_s": plain, "import_torch_lightning_s": bare, "import_torch_lightning_exit_s": bare_exit,
             "top_imports_s": [{"name": n, "cumulative_s": s} for s, n in top_imports],
-            "table": table(["phase", "s med (min–max)", "share", "late imports in it (-X importtime)"], rows), "verdict": verdict,
+            "table": bc.table(["phase", "s med (min–max)", "share", "late imports in it (-X importtime)"], rows), "verdict": verdict,
             "runs": {"events": [r["events"] for r in traced], "plain_events": [r["events"] for r in runs["resume"]]}}
 
 
 def plot(p: dict[str, Any], path: Path) -> Path:
-    plt, phases, parts = pyplot(), p["phases_s"], p["isolated_parts_s"]
+    plt, phases, parts = bc.pyplot(), p["phases_s"], p["isolated_parts_s"]
     fig, ax = plt.subplots(figsize=(9, 2.8))
     left = 0.0
     for label, s in phases.items():
@@ -191,8 +173,8 @@ def plot(p: dict[str, Any], path: Path) -> Path:
         left += s["median"]
     ax.set(xlabel="seconds after launch (medians)", title="restart breakdown: launch → first optimizer step")
     ax.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    return save_figure(fig, path)
+    return bc.save_figure(fig, path)
 
 
 if __name__ == "__main__":
-    raise SystemExit(bench_main(sys.modules[__name__]))
+    raise SystemExit(bc.bench_main(sys.modules[__name__]))

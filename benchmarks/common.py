@@ -1,14 +1,14 @@
-"""What every benchmark shares: paths, statistics, tables, JSON and plots, the one subprocess runner and ``bench_main``.
-
-A benchmark module defines ``NAME``, ``run(quick, reps, **extra) -> payload`` (its measurements, its tables under keys
-ending in ``table``) and optionally ``plot(payload, path)`` and ``ARGS`` (extra command-line options); :func:`execute`
-runs it, prints its tables and writes ``results/<NAME>.json`` (+ ``.png``); ``bench_main`` is its command line.
-"""
+"""What the benchmarks share: paths, statistics, tables, plots, the one subprocess runner (:func:`launch`) and the one
+command line (:func:`bench_main`). A benchmark module defines ``NAME``, ``run(quick, reps, **ARGS) -> payload`` (tables
+under keys ending in ``table``/``verdict``) and optionally ``plot(payload, path)``; :func:`execute` runs it, prints its
+tables and writes ``results/<NAME>.json`` (+ ``.png``)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
+import importlib
 import json
 import os
 import platform
@@ -37,11 +37,7 @@ SOUP_WORDS = ("the model data token layer attention resume checkpoint step a of 
 
 
 class BenchError(RuntimeError):
-    """A benchmark that cannot run here: one line on stderr, exit status ``code``."""
-
-    def __init__(self, message: str, code: int = 2) -> None:
-        super().__init__(message)
-        self.code = code
+    """A benchmark that cannot run here: one line on stderr, exit status 2."""
 
 
 def cache_dir() -> Path:
@@ -54,10 +50,7 @@ def cache_dir() -> Path:
 
 def rel(path: Path | str) -> str:
     """``path`` relative to the repository when inside it (results files carry no machine paths)."""
-    try:
-        return str(Path(path).resolve().relative_to(ROOT))
-    except ValueError:
-        return str(path)
+    return str(Path(path).resolve().relative_to(ROOT)) if Path(path).resolve().is_relative_to(ROOT) else str(path)
 
 
 def default_data() -> tuple[Path, Path]:
@@ -131,18 +124,12 @@ def write_json(path: Path, payload: dict[str, Any]) -> Path:
     return atomic_write_bytes(json.dumps(payload, indent=1, default=str) + "\n", path)
 
 
-def write_text(path: Path, text: str) -> Path:
-    return atomic_write_bytes(text, path)
-
-
 def pyplot():
     """matplotlib's pyplot on the non-interactive Agg backend."""
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    return importlib.import_module("matplotlib.pyplot")
 
 
 def save_figure(fig: Any, path: Path) -> Path:
@@ -154,7 +141,7 @@ def save_figure(fig: Any, path: Path) -> Path:
 
 
 def say(*args: Any) -> None:
-    print(*args, flush=True, file=sys.stdout)
+    print(*args, flush=True)
 
 
 def set_threads(n: int | None) -> int:
@@ -198,10 +185,8 @@ def probe(**init_args: Any) -> list[str]:
 
 
 def kill_group(pid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def lines_as_read(proc: subprocess.Popen) -> Iterator[tuple[float, str]]:
@@ -265,7 +250,6 @@ def launch(cmd: Sequence[str], work: Path, env: dict[str, str] | None = None, ti
 
 
 def event(run: dict[str, Any], name: str) -> dict[str, Any] | None:
-    """The run's first probe event called ``name``."""
     return next((e for e in run["events"] if e["event"] == name), None)
 
 
@@ -309,5 +293,5 @@ def bench_main(module: ModuleType, argv: list[str] | None = None) -> int:
         payload = execute(module, **vars(parser.parse_args(argv)))
     except BenchError as err:
         print(err, file=sys.stderr)
-        return err.code
+        return 2
     return int(payload.get("exit_status", 0))

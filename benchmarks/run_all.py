@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import bench_checkpoint, bench_data, bench_overhead, bench_remote, bench_restart, bench_resume, bench_verify
-from benchmarks.common import RESULTS_DIR, execute, say, write_text
+from benchmarks.common import RESULTS_DIR, execute, say
+from lit_minimind.checkpoint.atomic import atomic_write_bytes
 
 BENCHMARKS = {m.NAME: m for m in (bench_overhead, bench_checkpoint, bench_resume, bench_verify, bench_data, bench_remote, bench_restart)}
 README = Path(__file__).resolve().parent / "README.md"
@@ -132,7 +133,7 @@ def update_readme(text: str, readme: Path = README) -> bool:
         return False
     head, rest = content.split(START, 1)
     _, tail = rest.split(END, 1)
-    write_text(readme, f"{head}{START}\n{text.rstrip()}\n{END}{tail}")
+    atomic_write_bytes(f"{head}{START}\n{text.rstrip()}\n{END}{tail}", readme)
     return True
 
 
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         payloads = {name: payloads[name] for name in BENCHMARKS if name in payloads}
     if payloads:
         text = summary(payloads)
-        write_text(args.results_dir / "summary.md", text + "\n")
+        atomic_write_bytes(text + "\n", args.results_dir / "summary.md")
         full_default = not args.quick and args.results_dir.resolve() == RESULTS_DIR.resolve() and set(payloads) == set(BENCHMARKS)
         if full_default and not args.no_readme and update_readme(text):
             say(f"tables refreshed in {README}")
