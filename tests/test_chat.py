@@ -120,7 +120,7 @@ def test_prompt_and_chat_are_exclusive(export: Path) -> None:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real 1-step training run's files: a Lightning .ckpt, MiniMind's _resume.pth and the fp16 export."""
-    from conftest import need_shared, run_cli, tiny_args
+    from tests.helpers.runs import need_shared, run_cli, tiny_args
 
     need_shared()
     run_dir = tmp_path_factory.mktemp("trained")

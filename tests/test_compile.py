@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_resumed, cli_env, need_shared, run_cli, tiny_args
+
+from tests.helpers.runs import assert_resumed, cli_env, need_shared, run_cli, tiny_args
 
 pytestmark = pytest.mark.slow  # torch.compile on CPU takes a minute per process: `make test-slow`
 

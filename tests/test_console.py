@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import LINE_RE, need_shared, run_cli, tiny_args
+from tests.helpers.runs import LINE_RE, need_shared, run_cli, tiny_args
 
 
 def test_console_lines_stand_on_their_own_lines_beside_the_progress_bar(tmp_path: Path) -> None:

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import LINE_RE, cli_env, need_shared, tiny_args
 
 from lit_minimind.cli.flags import MINIMIND_FLAGS
 from lit_minimind.cli.presets import DEFAULT_CONFIG
+from tests.helpers.runs import LINE_RE, cli_env, need_shared, tiny_args
 
 FIT = [sys.executable, "-m", "lit_minimind.fit"]
 PROGRESS_RE = re.compile(r"progress: epoch (\d+)/(\d+) step (\d+)/(\d+) \((\d+)%\) [\d.]+ it/s, eta \d+:\d\d:\d\d")

@@ -17,7 +17,7 @@ from lit_minimind.data.dataset import JsonlRecords, check_pretrain_record
 from lit_minimind.data.index import index_paths, record_offsets, scan_offsets
 from lit_minimind.data.sft import check_sft_record
 from lit_minimind.errors import DataError
-from tests.conftest import ROOT, TINY_JSONL, cli_env, need_shared, run_cli, tiny_args
+from tests.helpers.runs import ROOT, TINY_JSONL, cli_env, need_shared, run_cli, tiny_args
 
 BUILT = "lit_minimind: indexed "
 
@@ -70,7 +70,7 @@ def test_sft_data_uses_the_same_index(tmp_path: Path, capfd: pytest.CaptureFixtu
     need_shared()
     from lit_minimind.data.sft import SFTDataset
     from lit_minimind.data.tokenizer import load_tokenizer
-    from tests.conftest import TOKENIZER
+    from tests.helpers.runs import TOKENIZER
 
     chat = {"conversations": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
     path = tmp_path / "sft.jsonl"

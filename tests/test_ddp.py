@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_JSONL, assert_resumed, cli_env, need_shared, run_cli, tiny_args
+
+from tests.helpers.runs import TINY_JSONL, assert_resumed, cli_env, need_shared, run_cli, tiny_args
 
 
 def load_out(run_dir: Path) -> dict:
@@ -79,9 +80,8 @@ def test_each_rank_validates_its_share_of_the_validation_split() -> None:
     need_shared()
     from types import SimpleNamespace
 
-    from conftest import TOKENIZER
-
     from lit_minimind.data.datamodule import MiniMindDataModule
+    from tests.helpers.runs import TOKENIZER
 
     dm = MiniMindDataModule(data_path=str(TINY_JSONL), tokenizer_path=str(TOKENIZER), max_seq_len=64, batch_size=2,
                             val_fraction=0.25)

@@ -5,13 +5,12 @@ handler; ``python -m lit_minimind.fit`` keeps SIGTERM away from it (``STOP.hold_
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
-from conftest import need_shared, run_cli, tiny_args
+
+from tests.helpers.runs import need_shared, run_cli, tiny_args
 
 PHASES = ["setup", "on_load_checkpoint", "on_fit_start", "train_dataloader", "on_train_batch_start"]
 HANG_S = 240
@@ -30,26 +29,6 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     return ref_dir, ref.steps
 
 
-def run_without_hanging(cwd: Path, args: list[str]):
-    """``run_cli``, but a run still going after ``HANG_S`` seconds is killed and fails the test."""
-    hung = threading.Event()
-
-    def kill_all() -> None:  # every process of the run: those working in its directory
-        hung.set()
-        for proc in psutil.process_iter(["cwd"]):
-            if proc.info["cwd"] and Path(proc.info["cwd"]) == cwd:
-                proc.kill()
-
-    timer = threading.Timer(HANG_S, kill_all)
-    timer.start()
-    try:
-        run = run_cli(cwd, args, timeout=HANG_S)
-    finally:
-        timer.cancel()
-    assert not hung.is_set(), f"a rank still ran after {HANG_S} s (a hang)"
-    return run
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("phase", PHASES)
 def test_sigterm_to_rank_1_alone_during_start_up(tmp_path: Path, phase: str, reference: tuple[Path, dict]) -> None:
@@ -59,7 +38,8 @@ def test_sigterm_to_rank_1_alone_during_start_up(tmp_path: Path, phase: str, ref
 
     signal_rank_1 = ["--trainer.callbacks+=tests.helpers.signal_at.SignalAt", f"--trainer.callbacks.phase={phase}",
                      "--trainer.callbacks.signame=SIGTERM", "--trainer.callbacks.rank=1"]
-    stopped = run_without_hanging(tmp_path, config("--ckpt_path", "last", *signal_rank_1))
+    stopped = run_cli(tmp_path, config("--ckpt_path", "last", *signal_rank_1), limit=HANG_S)
+    assert not stopped.timed_out, f"a rank still ran after {HANG_S} s (a hang)"
     assert stopped.returncode == 0, stopped.stderr[-3000:]
     assert "Traceback" not in stopped.stderr
     assert stopped.stdout.count("SIGTERM received") == 1  # rank 1's; rank 0 got none

@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import need_shared, run_cli, tiny_args
+
+from tests.helpers.runs import need_shared, run_cli, tiny_args
 
 
 def test_an_op_without_a_deterministic_kernel_stops_with_one_line(tmp_path: Path) -> None:

@@ -11,11 +11,27 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import MINIMIND, TOKENIZER, need_shared
 
-POST = MINIMIND / "post"
+from tests.helpers.runs import (
+    MINIMIND,
+    POST,
+    RUNS,
+    SFT_EXPORT,
+    TOKENIZER,
+    assert_same_files,
+    assert_steps,
+    assert_steps_match,
+    cli_env,
+    minimind_argv,
+    minimind_model,
+    need_shared,
+    run_cli,
+    run_until_done,
+    start_from_sft,
+    tiny_lora_args,
+)
+
 DPO_JSONL = POST / "dpo.jsonl"
-SFT_EXPORT = MINIMIND / "sft" / "out__full_sft_64.pth"
 
 
 @pytest.mark.parametrize("max_length", [128, 384])
@@ -77,8 +93,6 @@ def test_embedded_pairs_are_dpo_records() -> None:
 
 
 # ----------------------------------------------------------------------------- training
-from conftest import run_cli  # noqa: E402
-from test_lora import RUNS, assert_steps, minimind_argv, minimind_model, start_from_sft  # noqa: E402
 
 
 def test_minimind_dpo_argv_reproduces_its_run_and_minimind_loads_the_export(tmp_path: Path) -> None:
@@ -146,7 +160,6 @@ def test_kill_anywhere_dpo(tmp_path: Path, moe: bool) -> None:
     weights are those of a run never interrupted, bit for bit (MoE: the aux loss too)."""
     import random
 
-    from test_resume_exact import assert_same_files, assert_steps_match, run_until_done
 
     need_shared()
     ref_dir, kill_dir = tmp_path / "ref", tmp_path / "killed"
@@ -222,8 +235,6 @@ def test_embedded_sft_then_lora_and_dpo_then_chat(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from conftest import cli_env
-
     short = ["--data.max_seq_len", "64", "--trainer.max_steps", "2", "--trainer.enable_progress_bar", "false",
              "--log_interval", "1"]
     sft = run_cli(tmp_path, ["--data.kind", "sft", *short])
@@ -253,8 +264,6 @@ def test_ddp_two_processes_killed_mid_window_resume_exactly(tmp_path: Path, stag
     accumulation window (step 3, accumulation 2) and was taken at its optimizer step (4), resumed: the
     per-step values and final weights of the uninterrupted run.
     The DPO reference is outside DDP (each rank rebuilds it from --from_weight)."""
-    from test_lora import tiny_lora_args
-
     need_shared()
     ddp = ["--trainer.devices", "2", "--trainer.strategy", "ddp"]
     args = (tiny_lora_args() if stage == "lora" else tiny_dpo_args("--from_weight", "out/full_sft_64.pth")) + ddp
@@ -263,8 +272,6 @@ def test_ddp_two_processes_killed_mid_window_resume_exactly(tmp_path: Path, stag
     ref = run_cli(ref_dir, args)
     assert ref.returncode == 0, ref.stderr[-3000:]
     assert len(ref.steps) == 10  # 2 epochs x 5 batches per rank
-    from conftest import cli_env
-
     # killed right after the step-4 save's last file (its export, the 3rd commit)
     killed = run_cli(kill_dir, args + ["--ckpt_path", "last"], env=cli_env(LIT_MINIMIND_TEST_STOP_AFTER_SAVE="3"))
     assert killed.returncode == -9 and "@@stopped-after-save" in killed.stdout

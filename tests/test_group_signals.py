@@ -4,20 +4,17 @@ step and exits 0 with one line; the resume is exact. Workers still end when thei
 
 from __future__ import annotations
 
-import os
 import re
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import psutil
 import pytest
 import torch
-from conftest import LINE_RE, Run, cli_env, need_shared, run_cli, tiny_args
 
 from lit_minimind.callbacks.files import resolve_last
 from lit_minimind.checkpoint.read import verify_checkpoint
+from tests.helpers.runs import JOB_ID, SLURM, Run, Running, at_line, dataloader_workers, env_with, need_shared, run_cli, tiny_args
 
 WORKERS = ["--data.num_workers", "2"]
 STOP_MASK = (1 << (signal.SIGTERM - 1)) | (1 << (signal.SIGINT - 1)) | (1 << (signal.SIGUSR1 - 1))
@@ -35,39 +32,22 @@ def ignored_signals(pid: int) -> int:
     raise AssertionError(f"no SigIgn line for {pid}")
 
 
-def dataloader_workers(pid: int) -> list[psutil.Process]:
-    """The DataLoader worker processes under ``pid`` (torch names their thread ``pt_data_worker``)."""
-    found = []
-    for child in psutil.Process(pid).children(recursive=True):
-        try:
-            if "pt_data_worker" in Path(f"/proc/{child.pid}/comm").read_text():
-                found.append(child)
-        except OSError:
-            pass
-    return found
-
-
 def run_group_signalled(cwd: Path, args: list[str], signum: int, after_lines: int,
                         env: dict[str, str] | None = None) -> tuple[Run, list[int]]:
     """Run the CLI in a session of its own; once its ``after_lines``-th console line is out, send
     ``signum`` to its whole process group (workers and DDP ranks included). Returns the run and the
     pids of the DataLoader workers alive when the signal went out (their ``SigIgn`` checked there)."""
-    proc = subprocess.Popen([sys.executable, "-m", "lit_minimind.fit", *args], cwd=cwd, env=env or cli_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    out, seen, workers = [], 0, []
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        out.append(line)
-        seen += bool(LINE_RE.search(line))
-        if seen == after_lines and not workers:
-            workers = dataloader_workers(proc.pid)
-            assert workers, "no DataLoader worker process to signal"
-            for worker in workers:
-                assert ignored_signals(worker.pid) & STOP_MASK == STOP_MASK, f"worker {worker.pid} acts on stop signals"
-            os.killpg(proc.pid, signum)
-    rest, err = proc.communicate(timeout=300)
-    stdout = "".join(out) + rest
-    return Run(proc.returncode, stdout, err, LINE_RE.findall(stdout)), [w.pid for w in workers]
+    workers: list[psutil.Process] = []
+
+    def signal_the_group(run: Running) -> None:
+        workers.extend(dataloader_workers(run.proc.pid))
+        assert workers, "no DataLoader worker process to signal"
+        for worker in workers:
+            assert ignored_signals(worker.pid) & STOP_MASK == STOP_MASK, f"worker {worker.pid} acts on stop signals"
+        run.send(signum, group=True)
+
+    run = run_cli(cwd, args, env=env, on_line=at_line(after_lines, signal_the_group))
+    return run, [w.pid for w in workers]
 
 
 def assert_stopped_cleanly(run: Run, run_dir: Path, signame: str, accumulate: int = 2) -> tuple[int, int]:
@@ -143,8 +123,6 @@ def test_group_signal_mid_epoch_then_exact_resume(tmp_path: Path, signame: str, 
 @pytest.mark.slow
 def test_sigusr1_to_the_process_group_under_slurm_requeues_then_exact_resume(tmp_path: Path,
                                                                             reference: tuple[Path, dict]) -> None:
-    from test_slurm import JOB_ID, SLURM, env_with
-
     env, log = env_with(tmp_path, SLURM)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -174,19 +152,17 @@ def test_sigterm_to_the_process_group_under_ddp_then_exact_resume(tmp_path: Path
 def test_workers_exit_when_their_parent_dies(tmp_path: Path) -> None:
     """SIGKILL to the main process alone: torch's worker loop sees its parent gone and ends."""
     need_shared()
-    proc = subprocess.Popen([sys.executable, "-m", "lit_minimind.fit", *config()], cwd=tmp_path, env=cli_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
-    assert proc.stdout is not None
-    try:
-        for line in proc.stdout:
-            if LINE_RE.search(line):
-                break
-        workers = dataloader_workers(proc.pid)
+    alive: list[psutil.Process] = []
+
+    def kill_the_parent(line: str, run: Running) -> bool:
+        if not run.console_lines:
+            return False
+        workers = dataloader_workers(run.proc.pid)
         assert workers
-        proc.kill()
-        proc.wait(timeout=60)
-        _, alive = psutil.wait_procs(workers, timeout=60)
-        assert not alive, f"workers {[p.pid for p in alive]} outlived their parent"
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        run.proc.kill()
+        run.proc.wait(timeout=60)
+        alive.extend(psutil.wait_procs(workers, timeout=60)[1])
+        return True  # done: what is left of the run is SIGKILLed
+
+    run_cli(tmp_path, config(), on_line=kill_the_parent)
+    assert not alive, f"workers {[p.pid for p in alive]} outlived their parent"

@@ -29,7 +29,7 @@ from lit_minimind.cli.from_weight import load_start_weights, weight_path
 from lit_minimind.data.chat_template import load_chat_template
 from lit_minimind.errors import CheckpointError
 from lit_minimind.model.module import LitMiniMind
-from tests.conftest import MINIMIND, ROOT, TOKENIZER, cli_env, need_shared, run_cli, tiny_args
+from tests.helpers.runs import MINIMIND, ROOT, TOKENIZER, cli_env, need_shared, run_cli, tiny_args
 
 FIXTURE = json.loads((ROOT / "tests" / "fixtures" / "hf" / "minimind_converter.json").read_text())
 PARITY = MINIMIND / "parity"

@@ -22,7 +22,7 @@ from lit_minimind.cli.export import export_hf
 from lit_minimind.cli.generate import load_model
 from lit_minimind.data.chat_template import load_chat_template, render_chat
 from lit_minimind.data.tokenizer import BOS_ID, EOS_ID, build_default_tokenizer, encode, load_tokenizer
-from tests.conftest import MINIMIND, ROOT, TOKENIZER, cli_env, need_shared
+from tests.helpers.runs import MINIMIND, ROOT, TOKENIZER, cli_env, need_shared
 
 HF_PYTHON = ROOT / ".venv-hf" / "bin" / "python"
 # minutes in all: `make test-hf` runs them (not `make test`, not `make test-slow`)

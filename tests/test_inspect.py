@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import MINIMIND, cli_env, need_shared, run_cli, tiny_args
+
+from tests.helpers.runs import MINIMIND, cli_env, need_shared, run_cli, tiny_args
 
 
 def inspect(path: Path, *flags: str) -> subprocess.CompletedProcess:

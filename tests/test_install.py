@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import LINE_RE, ROOT, cli_env
+from tests.helpers.runs import LINE_RE, ROOT, cli_env
 
 PRESETS = sorted(p.name for p in (ROOT / "conf").glob("*.yaml"))
 NOT_SOURCE = shutil.ignore_patterns(".git", ".venv*", "__pycache__", "*.egg-info", "build", "dist", ".cache", ".*_cache",

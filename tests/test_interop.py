@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import MINIMIND, assert_resumed, need_shared, run_cli, tiny_args
+
+from tests.helpers.runs import MINIMIND, assert_resumed, need_shared, run_cli, tiny_args
 
 
 @pytest.mark.parametrize("variant", ["dense", "moe"])

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_JSONL, assert_resumed, cli_env, expected_resume, need_shared, resumed_at, run_cli, tiny_args
+
+from tests.helpers.runs import TINY_JSONL, assert_resumed, cli_env, expected_resume, need_shared, resumed_at, run_cli, tiny_args
 
 COMMITS_PER_SAVE = 3  # the checkpoint, MiniMind's _resume.pth link, the fp16 export
 

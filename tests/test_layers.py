@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from tests.conftest import ROOT
+from tests.helpers.runs import ROOT
 
 # lowest first; a module may import its own layer and the layers before it
 LAYERS = [

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import lightning as L
 import pytest
-from conftest import assert_resumed, cli_env, expected_resume, need_shared, resumed_at, run_cli, tiny_args
 from lightning.pytorch.loggers import CSVLogger
-from wandb_files import run_summary
 
 from lit_minimind.callbacks.console import MiniMindConsole
 from lit_minimind.callbacks.log_history import continue_metrics_csv
+from tests.helpers.runs import assert_resumed, cli_env, expected_resume, need_shared, resumed_at, run_cli, tiny_args
+from tests.helpers.wandb_files import run_summary
 
 KEYS = ("loss", "logits_loss", "aux_loss", "learning_rate")
 BOTH_LOGGERS = """\

@@ -8,10 +8,10 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from conftest import need_shared, run_cli, tiny_args
 
 from lit_minimind.resume.loop_state import fit_loop_state_at
 from lit_minimind.resume.position import DataPosition, optimizer_steps
+from tests.helpers.runs import need_shared, run_cli, tiny_args
 
 
 @pytest.mark.parametrize("accumulate", [2, 5])

@@ -7,62 +7,30 @@ with ``--save_dir out``, as a user of MiniMind's scripts would.
 
 from __future__ import annotations
 
-import json
 import random
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import MINIMIND, ROOT, TOKENIZER, need_shared, run_cli
-from test_resume_exact import assert_same_files, assert_steps_match, run_until_done
 
-POST = MINIMIND / "post"
-SFT_EXPORT = MINIMIND / "sft" / "out__full_sft_64.pth"
-RUNS = json.loads((POST / "runs.json").read_text()) if POST.exists() else {}
-QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
-PRESET = {"lora": ROOT / "conf" / "minimind_lora.yaml", "dpo": ROOT / "conf" / "minimind_dpo.yaml"}
-
-
-def minimind_argv(run: str, preset_last: bool = False) -> list[str]:
-    """``--config <preset>``, then runs.json's argv of MiniMind's script with the shared data, then
-    ``--save_dir out`` and the shared tokenizer (``preset_last``: the preset after MiniMind's argv)."""
-    stage = run.split("_")[0]
-    argv = list(RUNS[run]["argv"][2:])  # without "python trainer/train_*.py"
-    argv[argv.index("--data_path") + 1] = str(POST / f"{stage}.jsonl")
-    preset = ["--config", str(PRESET[stage])]
-    if preset_last:
-        return [*argv, "--save_dir", "out", *preset, "--tokenizer_path", str(TOKENIZER), *QUIET]
-    return [*preset, *argv, "--save_dir", "out", "--tokenizer_path", str(TOKENIZER), *QUIET]
-
-
-def start_from_sft(run_dir: Path) -> None:
-    """MiniMind's --from_weight full_sft: {save_dir}/full_sft_64.pth."""
-    (run_dir / "out").mkdir(parents=True, exist_ok=True)
-    shutil.copy(SFT_EXPORT, run_dir / "out" / "full_sft_64.pth")
-
-
-def assert_steps(got: dict, expected: list[dict], loss_key: str) -> None:
-    """Every printed step: MiniMind's loss, its second loss (logits_loss or dpo_loss), aux_loss and lr."""
-    assert sorted(got) == [(s["epoch"] + 1, s["step"]) for s in expected]
-    for s in expected:
-        loss, second, aux_loss, lr = (float(x) for x in got[(s["epoch"] + 1, s["step"])])
-        assert abs(loss - s["loss"]) <= 2e-4, (s["epoch"], s["step"], loss, s["loss"])
-        assert abs(second - s[loss_key]) <= 2e-4, (s["epoch"], s["step"], second, s[loss_key])
-        assert abs(aux_loss - s["aux_loss"]) <= 2e-4
-        assert abs(lr - s["lr"]) <= 1e-8, (s["step"], lr, s["lr"])
-
-
-def minimind_model(lora: bool = False):
-    """MiniMind's 64x2 model (ours is key-for-key MiniMind's), with MiniMind's adapters if asked."""
-    from lit_minimind.model import MiniMindConfig, MiniMindForCausalLM
-    from lit_minimind.model.lora import apply_lora
-
-    config = MiniMindConfig.from_dict(json.loads((MINIMIND / "parity" / "dense_config.json").read_text()))
-    model = MiniMindForCausalLM(config)
-    if lora:
-        apply_lora(model)
-    return model
+from tests.helpers.runs import (
+    POST,
+    RUNS,
+    SFT_EXPORT,
+    TOKENIZER,
+    assert_same_files,
+    assert_steps,
+    assert_steps_match,
+    cli_env,
+    minimind_argv,
+    minimind_model,
+    need_shared,
+    run_cli,
+    run_until_done,
+    start_from_sft,
+    tiny_lora_args,
+)
 
 
 def test_minimind_lora_argv_reproduces_its_run_and_minimind_loads_the_adapters(tmp_path: Path) -> None:
@@ -116,15 +84,6 @@ def test_from_resume_continues_minimind_lora_file(tmp_path: Path) -> None:
     assert "--from_resume 1 -> --ckpt_path last" in run.stdout
     assert "resuming epoch 1 at step 6/10: skipping 5 trained batches" in run.stderr
     assert_steps(run.steps, RUNS["lora_resumed"]["steps"], "logits_loss")
-
-
-def tiny_lora_args(workers: int = 0) -> list[str]:
-    return ["--data.data_path", str(POST / "lora.jsonl"), "--data.tokenizer_path", str(TOKENIZER),
-            "--model.hidden_size", "64", "--model.num_hidden_layers", "2", "--model.lora_rank", "16",
-            "--data.max_seq_len", "128", "--data.batch_size", "4", "--model.learning_rate", "1e-3",
-            "--trainer.accumulate_grad_batches", "2", "--trainer.max_epochs", "2", "--trainer.accelerator", "cpu",
-            "--trainer.devices", "1", "--log_interval", "1", "--resume.save_interval", "3", "--from_weight",
-            "out/full_sft_64.pth", "--data.num_workers", str(workers), *QUIET]
 
 
 @pytest.mark.slow
@@ -200,8 +159,6 @@ def test_merge_lora_and_generate_with_the_adapters(tmp_path: Path) -> None:
     merge_lora formula; generate --lora (unmerged) answers as the merged file does."""
     import subprocess
     import sys
-
-    from conftest import cli_env
 
     from lit_minimind.model.lora import load_lora
 

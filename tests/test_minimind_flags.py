@@ -10,7 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import MINIMIND, TINY_JSONL, TOKENIZER, assert_resumed, cli_env, need_shared, run_cli, tiny_args
+
+from tests.helpers.runs import MINIMIND, TINY_JSONL, TOKENIZER, assert_resumed, cli_env, need_shared, run_cli, tiny_args
 
 RUNS = json.loads((MINIMIND / "original_run" / "runs.json").read_text()) if MINIMIND.exists() else {}
 WEIGHTS = MINIMIND / "original_run" / "out__pretrain_64.pth"

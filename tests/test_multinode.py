@@ -10,23 +10,27 @@ from __future__ import annotations
 
 import shutil
 import signal
-import socket
 import subprocess
-import sys
-import threading
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
-from conftest import LINE_RE, assert_resumed, cli_env, expected_resume, need_shared, resumed_at, run_cli, tiny_args
 
 from lit_minimind.callbacks.files import resolve_last
+from tests.helpers.runs import (
+    LINE_RE,
+    assert_resumed,
+    assert_same_weights,
+    expected_resume,
+    kill_tree,
+    need_shared,
+    resumed_at,
+    run_cli,
+    tiny_args,
+    torchrun,
+    workers,
+)
 
-TORCHRUN = Path(sys.executable).with_name("torchrun")
 ADVICE = "Restart every node with the same command plus --ckpt_path last"
 TIMEOUT = ["--trainer.strategy", "lightning.pytorch.strategies.DDPStrategy", "--trainer.strategy.timeout", "0:00:10"]
 # a dead peer is seen from its closed connection, long before this timeout would expire
@@ -39,12 +43,6 @@ def next_batch(saved: dict, iters: int, world_size: int = 2, saved_world_size: i
     return (epoch + 2, 1) if step >= iters else (epoch + 1, step + 1)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def config(*extra: str) -> list[str]:
     """The 2-process config of tests/test_ddp.py (2 epochs of 6 batches per rank, saves at 5 and 6)."""
     return tiny_args(*extra, epochs=2, accumulate=2, save_interval=5, devices=2)
@@ -55,112 +53,6 @@ def node_args(*extra: str) -> list[str]:
     args = config(*extra)
     args[args.index("--trainer.devices") + 1] = "1"
     return [*args, "--trainer.num_nodes", "2"]
-
-
-def weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    return torch.load(run_dir / "out" / "pretrain_64.pth", weights_only=True)
-
-
-def assert_same_weights(a: Path, b: Path) -> None:
-    wa, wb = weights(a), weights(b)
-    assert wa.keys() == wb.keys()
-    for key in wa:
-        assert torch.equal(wa[key], wb[key]), f"{key} differs"
-
-
-def workers(launcher: subprocess.Popen) -> list[psutil.Process]:
-    """torchrun's worker processes (each in a session of its own: a process-group kill misses them)."""
-    try:
-        return psutil.Process(launcher.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return []
-
-
-def kill_tree(launcher: subprocess.Popen) -> None:
-    """SIGKILL a node: its torchrun and every worker, as when the machine goes away."""
-    procs = workers(launcher)
-    launcher.kill()
-    for proc in procs:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
-
-
-@dataclass
-class Nodes:
-    returncodes: list[int | None]
-    stdout: str  # node 0's (global rank 0 prints)
-    stderr: list[str]
-    rank1_stdout: str
-    acted_at: float | None = None
-    node0_exit_s: float | None = None  # node 0's torchrun exit, seconds after the action
-    lines: list[tuple] = field(default_factory=list)
-
-    @property
-    def steps(self) -> dict[tuple[int, int], tuple[str, ...]]:
-        return {(int(m[0]), int(m[2])): (m[4], m[5], m[6], m[7]) for m in self.lines}
-
-
-def torchrun(cwd: Path, args: list[str], *, nnodes: int = 2, nproc: int = 1, max_restarts: int = 0,
-             after_lines: int | None = None, action: Callable[[list[subprocess.Popen]], None] | None = None,
-             reap: bool = False, timeout: float = 240) -> Nodes:
-    """``torchrun ... -m lit_minimind.fit`` once per node on localhost (node 0 hosts the rendezvous);
-    ``action(launchers)`` runs right after node 0 printed its ``after_lines``-th console line;
-    ``reap`` kills the other nodes once node 0 exited (a hung node never exits by itself)."""
-    port = free_port()
-    launchers: list[subprocess.Popen] = []
-    logs = [open(cwd / f"node{r}.{s}", "w+") for r in range(nnodes) for s in ("out", "err")]
-    for rank in reversed(range(nnodes)):  # node 0 last: the others wait for it, as on a cluster
-        # static rendezvous, as on a cluster; restarts need c10d's, with a fresh store per restart (the
-        # shared one keeps the first attempt's gloo addresses: the restarted group cannot connect)
-        rdzv = ["--standalone"] if max_restarts else ["--nnodes", str(nnodes), "--node_rank", str(rank),
-                                                       "--master_addr", "127.0.0.1", "--master_port", str(port)]
-        env = cli_env(**({"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if max_restarts else {}))
-        cmd = [str(TORCHRUN), *rdzv, "--nproc_per_node", str(nproc), "--max-restarts", str(max_restarts),
-               "--monitor-interval", "0.2", "-m", "lit_minimind.fit", *args]
-        launchers.insert(0, subprocess.Popen(cmd, cwd=cwd, env=env, text=True, start_new_session=True,
-                                             stdout=subprocess.PIPE if rank == 0 else logs[2 * rank],
-                                             stderr=logs[2 * rank + 1]))
-    out: list[str] = []
-    seen, acted_at, exit_s, deadline = 0, None, None, time.monotonic() + timeout
-    assert launchers[0].stdout is not None
-    watchdog = threading.Timer(timeout, lambda: [kill_tree(launcher) for launcher in launchers])
-    watchdog.start()  # a hang fails the test instead of blocking it
-    try:
-        for line in launchers[0].stdout:
-            out.append(line)
-            seen += bool(LINE_RE.search(line))
-            if action is not None and acted_at is None and after_lines is not None and seen >= after_lines:
-                acted_at = time.monotonic()
-                action(launchers)
-        launchers[0].wait(timeout=max(1.0, deadline - time.monotonic()))
-        if acted_at is not None:
-            exit_s = time.monotonic() - acted_at
-        for launcher in launchers[1:]:
-            if reap:
-                kill_tree(launcher)
-            launcher.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"a node still ran after {timeout} s (a hang): {[l.poll() for l in launchers]}")
-    finally:
-        watchdog.cancel()
-        for launcher in launchers:
-            if launcher.poll() is None:
-                kill_tree(launcher)
-                launcher.wait()
-    stderr, rank1 = [], ""
-    for i, log in enumerate(logs):
-        log.seek(0)
-        text = log.read()
-        log.close()
-        if i % 2:
-            stderr.append(text)
-        elif i:
-            rank1 += text
-    stdout = "".join(out)
-    assert time.monotonic() < deadline, f"killed after {timeout} s (a hang)"
-    return Nodes([l.returncode for l in launchers], stdout, stderr, rank1, acted_at, exit_s, LINE_RE.findall(stdout))
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import need_shared, run_cli, tiny_args
+
+from tests.helpers.runs import need_shared, run_cli, tiny_args
 
 
 def sync_counts(run_dir: Path) -> dict[int, dict[str, list[str]]]:

@@ -11,7 +11,8 @@ import warnings
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+
+from tests.helpers.runs import ROOT
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")

@@ -18,12 +18,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import (
+
+from tests.helpers.runs import (
     MINIMIND,
+    S3,
     TINY_JSONL,
     TOKENIZER,
     assert_resumed,
     cli_env,
+    free_port,
     need_shared,
     readme_script,
     run_cli,
@@ -160,8 +163,8 @@ def test_own_script_with_a_read_only_checkpoint_dir_stops_at_setup_leaving_nothi
 
 def test_a_bucket_that_does_not_exist_stops_a_fresh_run(tmp_path: Path) -> None:
     need_shared()
-    from test_remote import S3, free_port
-
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto.server")
     s3 = S3(free_port(), "no-such-bucket")
     s3.start()
     try:

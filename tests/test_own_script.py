@@ -10,7 +10,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_JSONL, TOKENIZER, Run, assert_resumed, cli_env, expected_resume, need_shared, readme_script, run_cli
+
+from tests.helpers.runs import (
+    TINY_JSONL,
+    TOKENIZER,
+    Run,
+    assert_resumed,
+    cli_env,
+    expected_resume,
+    need_shared,
+    readme_script,
+    run_cli,
+)
 
 
 def write_script(run_dir: Path, *, replace: tuple | None = None) -> list[str]:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_resumed, need_shared, run_cli, tiny_args
+
+from tests.helpers.runs import assert_resumed, need_shared, run_cli, tiny_args
 
 FP16 = ["--trainer.plugins", "lit_minimind.model.precision.CPUFloat16Mixed"]
 MOVING_SCALE = FP16 + ["--trainer.plugins.init_scale", "1e12"]  # overflows: the scaler backs off every step

@@ -2,37 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import LINE_RE, Run, assert_resumed, cli_env, need_shared, run_cli, tiny_args
 
-
-def run_and_signal(cwd: Path, args: list[str], after_lines: int, signals: list[int], again: int | None = None) -> Run:
-    """Send ``signals`` to the launcher process right after the given console line appears
-    (and ``again`` once the process has reported the first one: pending signals coalesce)."""
-    proc = subprocess.Popen([sys.executable, "-m", "lit_minimind.fit", *args], cwd=cwd, env=cli_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    out, seen, sent = [], 0, False
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        out.append(line)
-        seen += bool(LINE_RE.search(line))
-        if seen >= after_lines and not sent:
-            for sig in signals:
-                os.kill(proc.pid, sig)
-            sent = True
-        if again is not None and "received: finishing" in line:
-            os.kill(proc.pid, again)
-            again = None
-    rest, err = proc.communicate(timeout=300)
-    stdout = "".join(out) + rest
-    return Run(proc.returncode, stdout, err, LINE_RE.findall(stdout))
+from tests.helpers.runs import assert_resumed, at_line, at_text, need_shared, run_cli, tiny_args
 
 
 # SIGUSR1 also saves and stops in tests/test_slurm.py (the requeued job resumes exactly)
@@ -45,7 +21,7 @@ def test_signal_saves_and_exits_zero_then_resume_is_exact(tmp_path: Path, signam
     ref = run_cli(ref_dir, args)
     assert ref.returncode == 0
 
-    stopped = run_and_signal(run_dir, args + ["--ckpt_path", "last"], after_lines=3, signals=[getattr(signal, signame)])
+    stopped = run_cli(run_dir, args + ["--ckpt_path", "last"], on_line=at_line(3, lambda run: run.send(getattr(signal, signame))))
     assert stopped.returncode == 0, stopped.stderr[-3000:]
     assert f"{signame} received" in stopped.stdout
     assert "Resume with the same command plus --ckpt_path last" in stopped.stderr
@@ -71,8 +47,8 @@ def test_second_sigint_aborts_at_once(tmp_path: Path) -> None:
     # would finish the optimizer step, save and exit 0; the second, sent once the first is reported, aborts
     wait = ["--trainer.callbacks+=tests.helpers.signal_at.SignalAt", "--trainer.callbacks.phase=on_train_batch_start",
             "--trainer.callbacks.signame=SIGINT", "--trainer.callbacks.then_wait=true"]
-    run = run_and_signal(tmp_path, tiny_args(epochs=2, accumulate=2, save_interval=100) + wait, after_lines=10**9,
-                         signals=[], again=signal.SIGINT)
+    run = run_cli(tmp_path, tiny_args(epochs=2, accumulate=2, save_interval=100) + wait,
+                  on_line=at_text("received: finishing", lambda run: run.send(signal.SIGINT)))
     assert "SIGINT received: finishing" in run.stdout, run.stderr[-2000:]
     assert run.returncode == 130, run.stderr[-2000:]
     assert "second SIGINT: aborting now" in run.stdout
@@ -82,7 +58,7 @@ def test_second_sigint_aborts_at_once(tmp_path: Path) -> None:
 def test_sigterm_under_ddp_stops_all_ranks_at_the_same_step(tmp_path: Path) -> None:
     need_shared()
     args = tiny_args(epochs=2, accumulate=2, save_interval=100, devices=2)
-    stopped = run_and_signal(tmp_path, args, after_lines=2, signals=[signal.SIGTERM])  # rank 0 only
+    stopped = run_cli(tmp_path, args, on_line=at_line(2, lambda run: run.send(signal.SIGTERM)))  # rank 0 only
     assert stopped.returncode == 0, stopped.stderr[-3000:]
     resume = torch.load(tmp_path / "checkpoints" / "pretrain_64_resume.pth", weights_only=True)
     assert resume["world_size"] == 2 and resume["step"] % 2 == 0 and (resume["epoch"], resume["step"]) < (1, 6)

@@ -12,7 +12,7 @@ import yaml
 import lit_minimind
 from lit_minimind.cli.presets import CONF_DIR, DEFAULT_CONFIG, preset_names, resolve_presets
 from lit_minimind.errors import UsageError
-from tests.conftest import ROOT, cli_env
+from tests.helpers.runs import ROOT, cli_env
 
 NAMES = sorted(p.stem for p in (ROOT / "conf").glob("*.yaml"))
 

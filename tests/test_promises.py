@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_resumed, need_shared, run_cli, tiny_args
+
+from tests.helpers.runs import assert_resumed, need_shared, run_cli, tiny_args
 
 
 def test_a_max_time_stop_saves_where_it_stopped_and_resumes_there(tmp_path: Path) -> None:

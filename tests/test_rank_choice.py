@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import LINE_RE, cli_env, need_shared, run_cli, tiny_args
 
 from lit_minimind.callbacks.files import choose_checkpoint
 from lit_minimind.checkpoint.atomic import atomic_save
+from tests.helpers.runs import LINE_RE, cli_env, need_shared, run_cli, tiny_args
 
 SLURM = {"SLURM_JOB_ID": "77", "SLURM_JOB_NAME": "train", "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2",
          "SLURM_NNODES": "1", "SLURM_NODEID": "0", "SLURM_NODELIST": "localhost", "MASTER_ADDR": "127.0.0.1"}

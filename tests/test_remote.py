@@ -8,68 +8,40 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
-import socket
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_JSONL, TOKENIZER, Run, assert_resumed, cli_env, need_shared, readme_script, tiny_args
-from test_resume_exact import assert_same_tensors, assert_steps_match, final_state
+
+from tests.helpers.runs import (
+    KEY_ID,
+    S3,
+    SECRET,
+    SLURM,
+    TINY_JSONL,
+    TOKENIZER,
+    OnLine,
+    Running,
+    assert_resumed,
+    assert_same_tensors,
+    assert_steps_match,
+    cli_env,
+    final_state,
+    free_port,
+    need_shared,
+    readme_script,
+    run_cli,
+    tiny_args,
+)
 
 pytest.importorskip("s3fs")
-moto_server = pytest.importorskip("moto.server")
+pytest.importorskip("moto.server")
 
-SECRET = f"lit-minimind-test-secret-{uuid.uuid4().hex}"
-KEY_ID = "AKIALITMINIMINDTEST"
 COMMITTED = "committed to s3://"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@dataclass
-class S3:
-    """A moto S3 server on localhost; its buckets live in this process and survive stop/start."""
-
-    port: int
-    bucket: str
-    server: object | None = None
-
-    def start(self) -> None:
-        # one request per connection: a stopped server then refuses every request (no kept-alive connection)
-        moto_server.MotoRequestHandler.protocol_version = "HTTP/1.0"
-        self.server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
-        self.server.start()
-
-    def stop(self) -> None:
-        self.server.stop()
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def url(self, *parts: str) -> str:
-        return "/".join([f"s3://{self.bucket}", *parts])
-
-    def env(self, **extra: str) -> dict[str, str]:
-        return cli_env(AWS_ENDPOINT_URL=self.endpoint, AWS_ACCESS_KEY_ID=KEY_ID, AWS_SECRET_ACCESS_KEY=SECRET,
-                       AWS_DEFAULT_REGION="us-east-1", AWS_CONFIG_FILE=os.devnull,
-                       AWS_SHARED_CREDENTIALS_FILE=os.devnull, **extra)
-
-    def fs(self):
-        import s3fs
-
-        return s3fs.S3FileSystem(key=KEY_ID, secret=SECRET, endpoint_url=self.endpoint, skip_instance_cache=True,
-                                 use_listings_cache=False, client_kwargs={"region_name": "us-east-1"})
 
 
 @pytest.fixture
@@ -90,26 +62,16 @@ def remote_args(s3: S3, *extra: str, epochs: int = 2) -> list[str]:
                      *extra, epochs=epochs, accumulate=2, save_interval=5)
 
 
-def run_watching(cwd: Path, args: list[str], env: dict[str, str],
-                 react: Callable[[str, int], bool] = lambda line, n: False, timeout: float = 300,
-                 command: list[str] | None = None) -> Run:
-    """The CLI (or ``command``) in ``cwd``; ``react(line, committed_so_far)`` sees each stdout line, True:
-    SIGKILL the run now."""
-    from conftest import LINE_RE
+def after_commits(k: int) -> OnLine:
+    """A :func:`run_cli` hook: SIGKILL the run once ``k`` checkpoints were committed to the bucket."""
+    committed = 0
 
-    proc = subprocess.Popen([*(command or [sys.executable, "-m", "lit_minimind.fit"]), *args], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    out, committed = [], 0
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        out.append(line)
+    def hook(line: str, run: Running) -> bool:
+        nonlocal committed
         committed += COMMITTED in line
-        if react(line, committed):
-            os.killpg(proc.pid, signal.SIGKILL)
-            break
-    rest, err = proc.communicate(timeout=timeout)
-    stdout = "".join(out) + (rest or "")
-    return Run(proc.returncode, stdout, err, LINE_RE.findall(stdout))
+        return committed >= k
+
+    return hook
 
 
 def remote_position(s3: S3, iters: int = 12) -> tuple[int, int] | None:
@@ -140,7 +102,7 @@ def test_missing_backend_is_one_line_exit_2(tmp_path: Path) -> None:
     (shadow / "s3fs" / "__init__.py").write_text("raise ImportError('No module named s3fs')\n")
     env = cli_env()
     env["PYTHONPATH"] = os.pathsep.join([str(shadow), env["PYTHONPATH"]])
-    run = run_watching(tmp_path, tiny_args("--resume.ckpt_dir", "s3://bucket/ckpt"), env)
+    run = run_cli(tmp_path, tiny_args("--resume.ckpt_dir", "s3://bucket/ckpt"), env=env)
     assert run.returncode == 2, run.stderr[-2000:]
     errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "pip install 'lit-minimind[s3]'" in errors[0] and "--resume.ckpt_dir" in errors[0], run.stderr
@@ -152,7 +114,7 @@ def test_last_with_the_endpoint_down_and_no_local_checkpoint_stops_with_one_line
     """A fresh machine whose bucket cannot be listed never starts fresh over the bucket's checkpoints."""
     need_shared()
     down = S3(free_port(), "nobucket")  # nothing listens there
-    run = run_watching(tmp_path, remote_args(down, "--ckpt_path", "last", epochs=1), down.env())
+    run = run_cli(tmp_path, remote_args(down, "--ckpt_path", "last", epochs=1), env=down.env())
     assert run.returncode == 2, run.stderr[-3000:]
     errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "cannot list s3://nobucket/run/checkpoints" in errors[0], run.stderr
@@ -166,7 +128,7 @@ def test_endpoint_down_at_the_end_exits_5_then_the_local_checkpoint_wins_and_is_
     machine with the endpoint back: the local checkpoint, newer than the remote's (none), wins and is uploaded."""
     need_shared()
     s3.stop()
-    run = run_watching(tmp_path, remote_args(s3, "--resume.upload_timeout", "2", epochs=1), s3.env())
+    run = run_cli(tmp_path, remote_args(s3, "--resume.upload_timeout", "2", epochs=1), env=s3.env())
     assert run.returncode == 5, run.stderr[-3000:]
     assert len(run.steps) == 12  # every step trained
     errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
@@ -175,7 +137,7 @@ def test_endpoint_down_at_the_end_exits_5_then_the_local_checkpoint_wins_and_is_
     assert (tmp_path / "checkpoints" / "pretrain_64_resume.pth").exists()  # the local staging save is complete
 
     s3.start()
-    again = run_watching(tmp_path, remote_args(s3, "--ckpt_path", "last", epochs=1), s3.env())
+    again = run_cli(tmp_path, remote_args(s3, "--ckpt_path", "last", epochs=1), env=s3.env())
     assert again.returncode == 0, again.stderr[-3000:]
     assert_resumed(again, 2, 1)  # nothing left to train: the local checkpoint (epoch 1 step 12) is the start
     assert "holds epoch 1 step 12 (global step 6)" in again.stdout and "BEHIND" not in again.stdout
@@ -192,7 +154,7 @@ def test_killed_runs_resumed_on_fresh_machines_from_the_bucket_are_bit_identical
     args = tiny_args(epochs=2, accumulate=2, save_interval=5)
     ref_dir = tmp_path / "ref"
     ref_dir.mkdir()
-    ref = run_watching(ref_dir, args, cli_env())
+    ref = run_cli(ref_dir, args)
     assert ref.returncode == 0, ref.stderr[-3000:]
 
     rng = random.Random("remote-kills")
@@ -203,8 +165,7 @@ def test_killed_runs_resumed_on_fresh_machines_from_the_bucket_are_bit_identical
         dirs.append(run_dir)
         want = remote_position(s3)
         kill_at = rng.randint(1, 2)
-        run = run_watching(run_dir, remote_args(s3, "--ckpt_path", "last"), s3.env(),
-                           lambda line, n, k=kill_at: n >= k)
+        run = run_cli(run_dir, remote_args(s3, "--ckpt_path", "last"), env=s3.env(), on_line=after_commits(kill_at))
         runs.append(run)
         if want is not None:
             assert_resumed(run, *want)
@@ -217,7 +178,7 @@ def test_killed_runs_resumed_on_fresh_machines_from_the_bucket_are_bit_identical
         final_dir.mkdir()
         dirs.append(final_dir)
         want = remote_position(s3)
-        final = run_watching(final_dir, remote_args(s3, "--ckpt_path", "last"), s3.env())
+        final = run_cli(final_dir, remote_args(s3, "--ckpt_path", "last"), env=s3.env())
         assert final.returncode == 0, final.stderr[-3000:]
         assert want is not None
         assert_resumed(final, *want)
@@ -241,8 +202,8 @@ def test_server_stopped_mid_run_loses_no_training_and_the_remote_catches_up(tmp_
     need_shared()
     state = {"stopped": False, "restarted": False}
 
-    def react(line: str, committed: int) -> bool:
-        if committed >= 1 and not state["stopped"]:
+    def react(line: str, run: Running) -> bool:
+        if COMMITTED in line and not state["stopped"]:
             s3.stop()  # after the first committed upload
             state["stopped"] = True
         elif state["stopped"] and not state["restarted"] and "failed" in line and line.startswith("remote:"):
@@ -250,7 +211,7 @@ def test_server_stopped_mid_run_loses_no_training_and_the_remote_catches_up(tmp_
             state["restarted"] = True
         return False
 
-    run = run_watching(tmp_path, remote_args(s3, "--resume.upload_timeout", "60"), s3.env(), react)
+    run = run_cli(tmp_path, remote_args(s3, "--resume.upload_timeout", "60"), env=s3.env(), on_line=react)
     assert state["restarted"], run.stdout[-3000:]
     assert run.returncode == 0, run.stderr[-3000:]
     assert len(run.steps) == 24
@@ -271,15 +232,15 @@ def test_ddp_run_killed_then_resumed_on_a_fresh_machine_from_the_bucket_is_bit_i
     ref_dir, first, fresh = tmp_path / "ref", tmp_path / "first", tmp_path / "fresh"
     for d in (ref_dir, first, fresh):
         d.mkdir()
-    ref = run_watching(ref_dir, ddp, cli_env())
+    ref = run_cli(ref_dir, ddp)
     assert ref.returncode == 0, ref.stderr[-3000:]
     remote = [*ddp, "--resume.ckpt_dir", s3.url("run", "checkpoints"), "--resume.out_dir", s3.url("run", "out"),
               "--ckpt_path", "last"]
-    killed = run_watching(first, remote, s3.env(), lambda line, n: n >= 1)
+    killed = run_cli(first, remote, env=s3.env(), on_line=after_commits(1))
     assert killed.returncode == -9, killed.stderr[-3000:]
     want = remote_position(s3, iters=6)
     assert want is not None
-    resumed = run_watching(fresh, remote, s3.env())
+    resumed = run_cli(fresh, remote, env=s3.env())
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_resumed(resumed, *want)
     assert "CRC-32 checked" in resumed.stdout
@@ -305,13 +266,13 @@ def test_own_script_with_a_bucket_killed_then_resumed_on_a_fresh_machine_is_bit_
         d.mkdir()
         (d / "train.py").write_text(readme_script(None if name == "ref" else bucket))
     script = [sys.executable, "train.py"]
-    ref = run_watching(dirs["ref"], data, cli_env(), command=script)
+    ref = run_cli(dirs["ref"], data, command=script)
     assert ref.returncode == 0, ref.stderr[-3000:]
-    killed = run_watching(dirs["first"], data, s3.env(), lambda line, n: n >= 1, command=script)
+    killed = run_cli(dirs["first"], data, env=s3.env(), on_line=after_commits(1), command=script)
     assert killed.returncode == -9, killed.stderr[-3000:]
     want = remote_position(s3)
     assert want is not None
-    resumed = run_watching(dirs["fresh"], data, s3.env(), command=script)
+    resumed = run_cli(dirs["fresh"], data, env=s3.env(), command=script)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_resumed(resumed, *want)
     assert_steps_match([killed, resumed], ref)
@@ -328,11 +289,11 @@ def test_a_corrupted_remote_checkpoint_is_skipped_for_the_previous_one(tmp_path:
     need_shared()
     first = tmp_path / "first"
     first.mkdir()
-    run = run_watching(first, remote_args(s3, epochs=1), s3.env())
+    run = run_cli(first, remote_args(s3, epochs=1), env=s3.env())
     assert run.returncode == 0, run.stderr[-3000:]
     # two more optimizer steps (4 batches of epoch 2): the end of a run is always uploaded, so the remote
     # holds at least the epoch 1 end and this one, whichever intermediate saves a newer one replaced
-    more = run_watching(first, remote_args(s3, "--ckpt_path", "last", "--trainer.max_steps", "8"), s3.env())
+    more = run_cli(first, remote_args(s3, "--ckpt_path", "last", "--trainer.max_steps", "8"), env=s3.env())
     assert more.returncode == 0, more.stderr[-3000:]
     fs = s3.fs()
     committed = sorted((json.loads(fs.cat_file(p)) for p in fs.glob(f"{s3.bucket}/run/checkpoints/*.ckpt.manifest.json")),
@@ -347,7 +308,7 @@ def test_a_corrupted_remote_checkpoint_is_skipped_for_the_previous_one(tmp_path:
 
     fresh = tmp_path / "fresh"
     fresh.mkdir()
-    resumed = run_watching(fresh, remote_args(s3, "--ckpt_path", "last"), s3.env())
+    resumed = run_cli(fresh, remote_args(s3, "--ckpt_path", "last"), env=s3.env())
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "skipping remote checkpoint" in resumed.stderr and newest["file"] in resumed.stderr
     epoch, step = int(previous["epoch"]), int(previous["step"])
@@ -358,8 +319,6 @@ def test_a_corrupted_remote_checkpoint_is_skipped_for_the_previous_one(tmp_path:
 def test_the_sbatch_template_takes_the_bucket_from_ckpt_url(tmp_path: Path) -> None:
     """``CKPT_URL=s3://... sbatch scripts/slurm_pretrain.sbatch``: the remote directories reach the CLI
     (a fake ``srun`` prints the resolved config)."""
-    from test_slurm import SLURM
-
     root = Path(__file__).resolve().parents[1]
     srun = tmp_path / "srun"
     srun.write_text('#!/bin/sh\nwhile [ "${1#-}" != "$1" ]; do shift; done\nexec "$@" --print_config\n')

@@ -7,8 +7,18 @@ import random
 from pathlib import Path
 
 import pytest
-import torch
-from conftest import Run, assert_resumed, cli_env, expected_resume, need_shared, resumed_at, run_cli, tiny_args
+
+from tests.helpers.runs import (
+    assert_resumed,
+    assert_same_tensors,
+    assert_steps_match,
+    cli_env,
+    final_state,
+    need_shared,
+    run_cli,
+    run_until_done,
+    tiny_args,
+)
 
 SCENARIOS = {
     # name: (extra CLI args, moe)
@@ -17,72 +27,6 @@ SCENARIOS = {
     "workers": (["--data.num_workers", "2"], False),
     "fp16_scaler": (["--trainer.plugins", "lit_minimind.model.precision.CPUFloat16Mixed"], False),
 }
-
-
-def final_state(run_dir: Path, moe: bool) -> tuple[dict, dict]:
-    stem = f"pretrain_64{'_moe' if moe else ''}"
-    weights = torch.load(run_dir / "out" / f"{stem}.pth", weights_only=True)
-    resume = torch.load(run_dir / "checkpoints" / f"{stem}_resume.pth", weights_only=True)
-    return weights, resume
-
-
-def assert_same_tensors(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    for k in a:
-        assert torch.equal(a[k], b[k]), f"tensor {k} differs"
-
-
-def assert_steps_match(runs: list[Run], ref: Run) -> None:
-    """Every step the interrupted runs printed equals the uninterrupted run's, and together they trained all."""
-    seen: dict = {}
-    for run in runs:
-        for key, values in run.steps.items():
-            assert values == ref.steps[key], f"step {key}: {values} != uninterrupted {ref.steps[key]}"
-            seen[key] = values
-    assert seen.keys() == ref.steps.keys(), "some steps were never trained"
-
-
-def assert_same_files(ref_dir: Path, run_dir: Path, names: list[str]) -> None:
-    """The files ``names`` hold the same tensors in both runs (a Lightning checkpoint: its ``state_dict``)."""
-    for name in names:
-        ref_state, state = (torch.load(d / name, weights_only=True) for d in (ref_dir, run_dir))
-        if "state_dict" in ref_state:
-            ref_state, state = ref_state["state_dict"], state["state_dict"]
-        assert_same_tensors(state, ref_state)
-
-
-def run_resuming(run_dir: Path, args: list[str], stem: str, iters: int = 12, **kwargs) -> Run:
-    """``args + --ckpt_path last``, asserting it resumed where the checkpoint ``last`` names (or, with
-    none on disk, that it started fresh)."""
-    want = expected_resume(run_dir, stem, iters)
-    run = run_cli(run_dir, args + ["--ckpt_path", "last"], **kwargs)
-    if want is None:
-        assert resumed_at(run) is None, run.stderr[-2000:]
-    elif run.returncode != -9 or resumed_at(run) is not None:  # a kill may come before the resume line
-        assert_resumed(run, *want)
-    return run
-
-
-def run_until_done(run_dir: Path, args: list[str], rng: random.Random, kills: int, total_lines: int,
-                   stem: str = "pretrain_64", iters: int = 12) -> list:
-    """SIGKILL ``kills`` times (after a random console line, or inside a random save), then finish;
-    every process after a save resumes where its checkpoint says."""
-    runs = []
-    for i in range(kills):
-        if rng.random() < 0.5:
-            run = run_resuming(run_dir, args, stem, iters, kill_after_lines=rng.randint(1, total_lines - 1))
-        else:
-            env = cli_env(LIT_MINIMIND_TEST_STOP_IN_SAVE=str(rng.randint(1, 6)))
-            run = run_resuming(run_dir, args, stem, iters, env=env)
-        runs.append(run)
-        if run.returncode == 0:  # finished before the planned kill point
-            return runs
-        assert run.returncode == -9, run.stderr[-3000:]
-    final = run_resuming(run_dir, args, stem, iters)
-    assert final.returncode == 0, final.stderr[-3000:]
-    runs.append(final)
-    assert any(resumed_at(r) for r in runs), "no process resumed: nothing was tested"
-    return runs
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "moe" else n for n in SCENARIOS])  # moe: make test-slow (budget)

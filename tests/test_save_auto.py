@@ -12,10 +12,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import need_shared, run_cli, tiny_args
-from test_resume_exact import assert_same_tensors, assert_steps_match, final_state, run_resuming
 
 from lit_minimind.callbacks.schedule import DEFAULT_MTBF, SaveSchedule, run_mtbf, young_daly_interval
+from tests.helpers.runs import assert_same_tensors, assert_steps_match, final_state, need_shared, run_cli, run_resuming, tiny_args
 
 LINE = re.compile(r"save interval: every ([\d.e+-]+) s \(Young/Daly: save ([\d.e+-]+) s, MTBF ([\d.e+-]+) s (.*)\)")
 

@@ -16,8 +16,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import MINIMIND, TOKENIZER, assert_resumed, cli_env, need_shared, run_cli
-from test_resume_exact import assert_same_files, assert_steps_match, run_until_done
+
+from tests.helpers.runs import (
+    MINIMIND,
+    TOKENIZER,
+    assert_resumed,
+    assert_same_files,
+    assert_steps_match,
+    cli_env,
+    need_shared,
+    run_cli,
+    run_until_done,
+)
 
 SFT = MINIMIND / "sft"
 SFT_JSONL = SFT / "sft.jsonl"
@@ -144,12 +154,11 @@ def test_default_ratios_augment_samples_in_both_epochs() -> None:
 )
 def test_weight_name_defaults_to_full_sft_on_sft_data(extra: list[str], weight: str) -> None:
     need_shared()
-    from conftest import TINY_JSONL
-
     from lit_minimind.cli.fit import DEFAULT_CONFIG, MiniMindCLI, ResumeCallback
     from lit_minimind.cli.flags import translate
     from lit_minimind.data.datamodule import MiniMindDataModule
     from lit_minimind.model.module import LitMiniMind
+    from tests.helpers.runs import TINY_JSONL
 
     extra = [{"SFT": str(SFT_JSONL), "TINY": str(TINY_JSONL)}.get(a, a) for a in extra]
     args = translate(["--data.tokenizer_path", str(TOKENIZER), "--trainer.logger", "false", *extra]).args

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,44 +14,27 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
-from conftest import LINE_RE, Run, assert_resumed, cli_env, need_shared, run_cli, tiny_args
 from lightning.fabric.plugins.environments import SLURMEnvironment
 
 from lit_minimind.callbacks.preemption import STOP, cluster_plugins, slurm_job_id, under_slurm
-
-JOB_ID = "4242"
-SLURM = {"SLURM_JOB_ID": JOB_ID, "SLURM_JOB_NAME": "train", "SLURM_NTASKS": "1", "SLURM_NTASKS_PER_NODE": "1",
-         "SLURM_NNODES": "1", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
-         "SLURM_NODELIST": "localhost"}
-
-
-def env_with(tmp_path: Path, slurm: dict[str, str] | None) -> tuple[dict[str, str], Path]:
-    """The CLI's environment with a fake ``scontrol`` first on PATH (it records its arguments and the
-    checkpoint directory at the moment it runs), SLURM's variables when ``slurm`` is given."""
-    bin_dir, log = tmp_path / "bin", tmp_path / "scontrol.log"
-    bin_dir.mkdir(exist_ok=True)
-    scontrol = bin_dir / "scontrol"
-    scontrol.write_text('#!/bin/sh\n{ echo "$*"; ls checkpoints; } >> "$SCONTROL_LOG"\n')
-    scontrol.chmod(0o755)
-    env = {k: v for k, v in cli_env().items() if not k.startswith("SLURM_")}  # also when the suite runs under SLURM
-    env.update(slurm or {}, PATH=f"{bin_dir}{os.pathsep}{env['PATH']}", SCONTROL_LOG=str(log))
-    return env, log
+from tests.helpers.runs import (
+    JOB_ID,
+    SLURM,
+    Run,
+    assert_resumed,
+    at_line,
+    cli_env,
+    env_with,
+    free_port,
+    need_shared,
+    run_cli,
+    tiny_args,
+)
 
 
 def run_signalled(cwd: Path, args: list[str], env: dict[str, str], after_lines: int, signum: int) -> Run:
-    proc = subprocess.Popen([sys.executable, "-m", "lit_minimind.fit", *args], cwd=cwd, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    out, seen, sent = [], 0, False
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        out.append(line)
-        seen += bool(LINE_RE.search(line))
-        if seen >= after_lines and not sent:
-            os.kill(proc.pid, signum)
-            sent = True
-    rest, err = proc.communicate(timeout=300)
-    stdout = "".join(out) + rest
-    return Run(proc.returncode, stdout, err, LINE_RE.findall(stdout))
+    """The CLI, sent ``signum`` (its first process only) right after its ``after_lines``-th console line."""
+    return run_cli(cwd, args, env=env, on_line=at_line(after_lines, lambda run: run.send(signum)))
 
 
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -111,39 +93,30 @@ def test_sigusr1_on_one_slurm_task_of_two_stops_both_and_only_rank_0_requeues(tm
     """Two tasks as ``srun --ntasks-per-node=2`` starts them (Lightning's SLURMEnvironment, DDP on
     gloo); SIGUSR1 reaches rank 1 only: the ranks agree to stop, rank 0 requeues once."""
     need_shared()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     args = tiny_args("--ckpt_path", "last", epochs=2, accumulate=2, save_interval=100, devices=2)
-    procs, out_files = [], []
+    envs = []
     for rank in (0, 1):
         env, log = env_with(tmp_path, {**SLURM, "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2",
                                        "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank),
                                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-        out_files.append((open(tmp_path / f"task{rank}.out", "w+"), open(tmp_path / f"task{rank}.err", "w+")))
-        # rank 0's stdout through a pipe: the test reads its console lines as they come
-        procs.append(subprocess.Popen([sys.executable, "-m", "lit_minimind.fit", *args], cwd=tmp_path, env=env,
-                                      text=True, stdout=subprocess.PIPE if rank == 0 else out_files[-1][0],
-                                      stderr=out_files[-1][1], start_new_session=True))
-    rank0_out: list[str] = []
-    try:
-        assert procs[0].stdout is not None
-        for line in procs[0].stdout:  # the signal right after rank 0's 2nd console line
-            rank0_out.append(line)
-            if len(LINE_RE.findall("".join(rank0_out))) >= 2:
-                break
-        os.kill(procs[1].pid, signal.SIGUSR1)
-        rank0_out.append(procs[0].communicate(timeout=240)[0])
-        codes = [p.wait(timeout=240) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    out_files[0][0].write("".join(rank0_out))
-    texts = [(o.seek(0), o.read(), e.seek(0), e.read()) for o, e in out_files]
-    assert codes == [0, 0], texts[0][3][-3000:] + texts[1][3][-3000:]
-    assert "SIGUSR1 received" in texts[1][1] and "SIGUSR1 received" not in texts[0][1]
-    assert f"requeued job {JOB_ID}" in texts[0][1] and "requeued" not in texts[1][1]
+        envs.append(env)
+    with open(tmp_path / "task1.out", "w+") as out1, open(tmp_path / "task1.err", "w+") as err1:
+        task1 = subprocess.Popen([sys.executable, "-m", "lit_minimind.fit", *args], cwd=tmp_path, env=envs[1], text=True,
+                                 stdout=out1, stderr=err1, start_new_session=True)
+        try:
+            # rank 0 read as it runs: the signal to task 1 right after rank 0's 2nd console line
+            task0 = run_cli(tmp_path, args, env=envs[0], timeout=240,
+                            on_line=at_line(2, lambda run: os.kill(task1.pid, signal.SIGUSR1)))
+            codes = [task0.returncode, task1.wait(timeout=240)]
+        finally:
+            if task1.poll() is None:
+                task1.kill()
+        out1.seek(0), err1.seek(0)
+        task1_out, task1_err = out1.read(), err1.read()
+    assert codes == [0, 0], task0.stderr[-3000:] + task1_err[-3000:]
+    assert "SIGUSR1 received" in task1_out and "SIGUSR1 received" not in task0.stdout
+    assert f"requeued job {JOB_ID}" in task0.stdout and "requeued" not in task1_out
     assert [line for line in log.read_text().splitlines() if line.startswith("requeue")] == [f"requeue {JOB_ID}"]
     resume = torch.load(tmp_path / "checkpoints" / "pretrain_64_resume.pth", weights_only=True)
     assert resume["world_size"] == 2 and resume["step"] % 2 == 0 and (resume["epoch"], resume["step"]) < (1, 6)

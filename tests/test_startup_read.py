@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_resumed, need_shared, run_cli, tiny_args
+
+from tests.helpers.runs import assert_resumed, need_shared, run_cli, tiny_args
 
 
 def test_a_resume_reads_its_checkpoint_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_resumed, cli_env, need_shared, resumed_at, run_cli, tiny_args
+
+from tests.helpers.runs import assert_resumed, cli_env, need_shared, resumed_at, run_cli, tiny_args
 
 # before restore and after it (before Lightning's handlers) behave like restore itself: `make test-slow`
 PHASES = [pytest.param("setup", marks=pytest.mark.slow), "on_load_checkpoint",

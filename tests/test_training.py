@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import MINIMIND, ROOT, assert_resumed, cli_env, need_shared, run_cli, tiny_args
 
 from lit_minimind.model.module import minimind_lr
+from tests.helpers.runs import MINIMIND, ROOT, assert_resumed, cli_env, need_shared, run_cli, tiny_args
 
 
 def test_lr_rule_matches_formula_and_warmup() -> None:

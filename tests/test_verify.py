@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import MINIMIND, need_shared
 
 from lit_minimind.checkpoint.verify import verify_file
 from lit_minimind.errors import CheckpointError, NotACheckpoint, NotATorchZip, UnverifiableCheckpoint
+from tests.helpers.runs import MINIMIND, need_shared
 
 
 def state_dict_obj() -> dict:

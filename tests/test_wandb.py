@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import MINIMIND, ROOT, Run, assert_resumed, cli_env, expected_resume, need_shared, run_cli, tiny_args
-from wandb_files import run_summary
+
+from tests.helpers.runs import MINIMIND, ROOT, Run, assert_resumed, cli_env, expected_resume, need_shared, run_cli, tiny_args
+from tests.helpers.wandb_files import run_summary
 
 KEYS = ("loss", "logits_loss", "aux_loss", "learning_rate")
 

@@ -19,9 +19,21 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from conftest import LINE_RE, Run, assert_resumed, cli_env, expected_resume, need_shared, resumed_at, run_cli, tiny_args
 
 from lit_minimind.callbacks.watchdog import HANG_EXIT
+from tests.helpers.runs import (
+    LINE_RE,
+    Run,
+    assert_resumed,
+    cli_env,
+    expected_resume,
+    kill_session,
+    need_shared,
+    rank_pid,
+    resumed_at,
+    run_cli,
+    tiny_args,
+)
 
 HANG_LINE = re.compile(r"\[rank (\d+)\] error: hang: no optimizer step completed for ([\d.]+) s in phase ([\w/-]+) "
                        r".*Exiting with code 6: restart with the same command plus --ckpt_path last")
@@ -63,10 +75,7 @@ class Live:
         self.kill_group()
 
     def kill_group(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        kill_session(self.proc.pid)
 
     def session(self) -> list[psutil.Process]:
         """The processes still alive in the run's session (zombies aside)."""
@@ -119,17 +128,6 @@ def ddp_reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]
     assert ref.returncode == 0, ref.stderr[-3000:]
     assert len(ref.steps) == 12
     return ref_dir, ref.steps
-
-
-def rank_pid(launcher: subprocess.Popen, rank: int) -> int:
-    """The pid of DDP rank ``rank`` > 0: the child Lightning's launcher started with ``LOCAL_RANK`` set."""
-    for child in psutil.Process(launcher.pid).children(recursive=True):
-        try:
-            if child.environ().get("LOCAL_RANK") == str(rank):
-                return child.pid
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    raise AssertionError(f"no process of rank {rank} under {launcher.pid}")
 
 
 @pytest.mark.slow  # make test's budget: in make test-slow
@@ -275,7 +273,7 @@ def test_torchrun_restarts_a_hung_job_which_resumes_exactly(tmp_path: Path, ddp_
     """``torchrun --standalone --max-restarts 1``: rank 1 stops answering (SIGSTOP, first attempt only);
     rank 0's watchdog exits 6, torchrun ends the group and starts it again with the same command line,
     whose ``--ckpt_path last`` resumes; every step of both attempts equals the uninterrupted run's."""
-    from test_multinode import torchrun  # the localhost torchrun runner of tests/test_multinode.py
+    from tests.helpers.runs import torchrun  # the localhost torchrun runner
 
     ref_dir, ref_steps = ddp_reference
     run = torchrun(tmp_path, ddp_config("--ckpt_path", "last", *bounds(floor=4, save=4),

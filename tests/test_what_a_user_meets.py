@@ -10,7 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import cli_env, need_shared, tiny_args
+
+from tests.helpers.runs import at_line, cli_env, need_shared, run_cli, tiny_args
 
 
 def run_module(module: str, *args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -104,10 +105,8 @@ SMALL = ["--model.hidden_size", "64", "--model.num_hidden_layers", "2", "--log_i
 def test_a_stop_signal_is_not_reported_as_max_epochs_reached(tmp_path: Path) -> None:
     """SIGTERM in the last epoch: "stopped by SIGTERM ..." and no "`Trainer.fit` stopped: `max_epochs=1`
     reached." after it (Lightning counts the epoch the signal cut short as processed)."""
-    from test_preemption import run_and_signal
-
     need_shared()
-    run = run_and_signal(tmp_path, tiny_args(epochs=1, save_interval=100), after_lines=3, signals=[signal.SIGTERM])
+    run = run_cli(tmp_path, tiny_args(epochs=1, save_interval=100), on_line=at_line(3, lambda run: run.send(signal.SIGTERM)))
     assert run.returncode == 0, run.stderr[-3000:]
     assert "stopped by SIGTERM" in run.stderr, run.stderr[-3000:]
     assert max(run.steps) < (1, 12)  # stopped mid-epoch

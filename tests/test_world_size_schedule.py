@@ -7,7 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import need_shared, run_cli, tiny_args
+
+from tests.helpers.runs import need_shared, run_cli, tiny_args
 
 LR = 5e-4  # tiny_args' --model.learning_rate; MiniMind's rule ends at 0.1 x LR
 
