@@ -1,23 +1,12 @@
 """Data set-up at MiniMind's size: the record index's first build and cached start vs MiniMind's loader.
 
-A seeded MiniMind-size pretraining file (1,270,238 ``{"text"}`` records of 600-1,100 characters,
-~1.2 GB, like ``pretrain_t2t_mini.jsonl``; ``--records N`` for another size) is written to a
-temporary directory (``--dir``, default the system's) and deleted afterwards. Every measurement
-runs in a fresh process (:func:`probe`), the file in the page cache:
-
-* ``first build``: ``MiniMindDataModule.setup()`` (kind detection, tokenizer, dataset: the index
-  built, every line validated) with an empty cache;
-* ``cached start``: the same with the index cached (a resume, a restart);
-* ``DDP 2``: two processes started at once on one cache, as the two ranks of a node: each one's
-  set-up time and how many built the index (one must), cold and cached;
-* ``loader``: samples/s of ``train_dataloader()`` (batch 32, seq 340, the cached index) with 0 and
-  2 workers, after its first batch;
-* MiniMind: ``datasets.load_dataset('json', data_files=..., split='train')`` (what MiniMind's
-  ``PretrainDataset`` runs) into a fresh and then a warm Arrow cache, when a Python with
-  ``datasets`` is at hand (this one, or ``--minimind-python`` / ``$MINIMIND_PYTHON``); skipped
-  otherwise. Ours and MiniMind's first loads alternate within each repetition.
-
-Peak RSS: the probe process's high-water mark minus its RSS before the set-up (imports excluded).
+A seeded 1,270,238-record ``{"text"}`` file (~1.2 GB, like ``pretrain_t2t_mini.jsonl``; ``--records N``) in a temporary
+directory (``--dir``), in the page cache; every number from a fresh process (:func:`probe`): ``MiniMindDataModule.setup()``
+with an empty cache (the index built, every line validated) and with the index cached; two processes at once on one
+cache (a node's ranks: set-up times, how many built the index); ``train_dataloader()`` samples/s with 0 and 2 workers;
+MiniMind's ``datasets.load_dataset('json')`` into a fresh and a warm Arrow cache, where a Python with ``datasets`` is at
+hand (this one, ``--minimind-python``, ``$MINIMIND_PYTHON``), alternating with ours. Peak RSS: high-water mark minus RSS
+before the set-up.
 """
 
 from __future__ import annotations

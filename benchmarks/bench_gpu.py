@@ -1,31 +1,15 @@
 """GPU benchmark (make bench-gpu): throughput and MFU, exact kill-and-resume, determinism, save stall.
 
-One prepared script for one CUDA GPU (H100/H200 class): one overall deadline (8 minutes: what is not done by then is
-reported as not run, and the exit status is 1), each CLI child at most 120 s; run with a prepared CUDA environment, no
-install step (``make bench-gpu PY=/path/to/python``). MiniMind's pretraining shape (768x8, seq 340, batch 32,
-bf16-mixed) on synthetic data (long texts, so every sequence is full), accumulation 1; every run is a process:
-
-(a) **throughput and MFU** of the port (``python -m lit_minimind.fit``, 200 steps, no save, with
-    :class:`benchmarks.probes.Probe`) against the plain loop (:func:`benchmarks.probes.plain_loop`, bf16 autocast,
-    deterministic algorithms as the port's default, the same loader workers), and ``--trainer.deterministic false``
-    (the cost of deterministic kernels), in rotated order (:func:`benchmarks.bench_overhead.compare`). MFU = 6 x
-    parameters x tokens/s / the device's dense bf16 peak (table below; unknown device: MFU null). The timed window
-    excludes the warm-up batches and synchronizes the device at both ends.
-(b) **kill and resume, bit for bit**, with ``16-mixed`` (CUDA GradScaler) and ``bf16-mixed``: an uninterrupted run
-    (200 steps, a save every 100) against one that SIGKILLs itself once its first checkpoint's files are written
-    (``Probe(kill_after_commit=True)``, an async save while training goes on) and is resumed with ``--ckpt_path last``:
-    the fp16 export, the resume checkpoint's ``state_dict``, optimizer, scaler and data position, and the console lines
-    must be identical.
-(c) **determinism**: a second uninterrupted bf16 run (default ``--trainer.deterministic true``) must equal the first bit
-    for bit, and so must one with ``--resume.async_save false``.
-(d) **async save stall** at ``--resume.save_interval 100``: the loop's wait in each save (``ResumeCallback.save_seconds``,
-    the device synchronized before it), async and ``--resume.async_save false``; also the timed window's excess over
-    (a)'s no-save step time, per save.
-
-``--quick`` is a CPU smoke test (tests/test_benchmarks.py): a tiny model, the CPU, ``32-true`` for bf16-mixed and
-``lit_minimind.model.precision.CPUFloat16Mixed`` (fp16 with a CPU GradScaler) for 16-mixed; its JSON says it holds no
-GPU results (``gpu_results: false``, written as ``gpu_quick.json``). Without CUDA and without ``--quick``: exit status
-2 and one line; a failed bit-for-bit check: status 1 (after writing the results).
+One prepared script for one CUDA GPU: an 8-minute deadline (what is not done by then is reported as not run, exit 1),
+each child at most 120 s; MiniMind's pretraining shape (768x8, seq 340, batch 32, bf16-mixed) on long synthetic texts.
+(a) tokens/s and MFU (6 x params x tokens/s / the dense bf16 peak) of the CLI with :class:`benchmarks.probes.Probe` vs
+:func:`benchmarks.probes.plain_loop` and vs ``--trainer.deterministic false`` (:func:`benchmarks.bench_overhead.compare`);
+(b) kill + resume bit for bit, bf16-mixed and 16-mixed: a run that SIGKILLs itself once its first save is written
+(``Probe(kill_after_commit=True)``), resumed with ``--ckpt_path last``, against an uninterrupted one (export,
+``state_dict``, optimizer, scaler, data position, console lines); (c) two uninterrupted runs, and async vs
+``--resume.async_save false``, bit for bit; (d) the loop's wait per save (``ResumeCallback.save_seconds``, the device
+synchronized before it) and the timed window's excess per save. ``--quick``: a CPU smoke test (tiny model, 32-true,
+``CPUFloat16Mixed`` for 16-mixed; ``gpu_quick.json``, ``gpu_results: false``). No CUDA without ``--quick``: exit 2.
 """
 
 from __future__ import annotations

@@ -1,22 +1,11 @@
 """Verifying a checkpoint without a manifest: ``verify_file`` vs a plain read + CRC-32 of the file.
 
-A ~500 MB ``torch.save`` file shaped like a resume checkpoint (fp16 weights, AdamW moments in
-fp32, step counters: ~200 records of 2 KiB to 8 MiB, random values) is written to a temporary
-directory in the cache dir and deleted afterwards. Each repetition times, in rotated order:
-
-* ``read only`` - ``readinto`` the whole file through a 1 MiB buffer: the I/O floor;
-* ``readinto + zlib.crc32`` - the fastest plain check: one CRC-32 of the whole file, read through
-  one reused 1 MiB buffer: **the baseline**;
-* ``read + zlib.crc32`` - the same as checking a manifest does it (``checkpoint.verify_manifest``:
-  ``f.read(4 MiB)``, a new buffer per read);
-* ``zipfile.testzip`` - the standard library's check: every record's CRC-32, no structure;
-* ``verify_file`` - ours: every record's CRC-32 and every other byte of the zip structure, in one
-  pass over the file.
-
-``hot``: the file in the page cache (as right after a save, or a second look). ``cold``: its pages
-dropped first (``posix_fadvise(POSIX_FADV_DONTNEED)``, no root needed), so it comes from the disk.
-Also reported: the bytes ``verify_file`` reads (``/proc/self/io``), to show the single pass, and
-``zlib.crc32`` alone on an in-memory buffer.
+A ~500 MB resume-shaped ``torch.save`` file (fp16 weights, fp32 AdamW moments: ~200 records, random values) in the
+cache dir; each repetition times, rotated: ``read only`` (``readinto`` a 1 MiB buffer: the I/O floor), ``readinto +
+zlib.crc32`` (one CRC-32 of the file: **the baseline**), ``read + zlib.crc32`` (as a manifest check reads), ``zipfile.testzip``
+(every record's CRC-32) and ``verify_file`` (every record's CRC-32 and every other byte of the zip structure, one pass);
+``hot`` in the page cache, ``cold`` after ``posix_fadvise(DONTNEED)``. Also: the bytes ``verify_file`` reads
+(``/proc/self/io``) and ``zlib.crc32`` alone in memory.
 """
 
 from __future__ import annotations

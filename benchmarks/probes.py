@@ -1,16 +1,10 @@
-"""What the benchmarks put into a training run, and the plain PyTorch loop they compare it with.
-
-:class:`Probe` is a Lightning callback given on the command line (``--trainer.callbacks+=benchmarks.probes.Probe``,
-``--trainer.callbacks.<arg>=...``; :func:`benchmarks.common.probe`). It uses public hooks only (Lightning's callback
-hooks, torch's module forward and optimizer step hooks, ``ResumeCallback.save_seconds`` / ``last_model_path``) and
-prints ``@@bench {json}`` lines (``t``: ``time.monotonic()``, compared by the parent with its launch time):
-``init`` (the CLI built its callbacks: imports and parsing done), ``setup`` (the data set up), ``train_start``,
-``batch_start`` / ``batch_end`` (the first batch; ``reads``: dataset reads before it, counted with ``sys.setprofile``),
-``committed`` (``kill_after_commit``: the first save's files are written; the process then SIGKILLs its group) and
-``end`` with every batch's stamps (``marks``: ``[name, perf_counter]``; ``forward[``/``]``, ``backward[``/``]``,
-``step[`` (clipping + optimizer update) / ``]``, ``zero_grad``, ``batch end``), the saves (``s``: the loop's wait),
-the last loss and the device's facts. ``python -m benchmarks.probes '{json config}'`` runs :func:`plain_loop`, which
-prints the same lines.
+"""What the benchmarks put into a training run (:class:`Probe`, a callback given on the CLI's command line:
+``--trainer.callbacks+=benchmarks.probes.Probe``), and the plain PyTorch loop they compare it with (:func:`plain_loop`,
+``python -m benchmarks.probes '{json}'``). Public hooks only (Lightning's callback hooks, torch's forward and optimizer
+step hooks, ``ResumeCallback.save_seconds`` / ``last_model_path``). Both print ``@@bench {json}`` lines (``t``:
+``time.monotonic()``): ``init``, ``setup``, ``train_start``, the first ``batch_start`` (``reads``: dataset reads before
+it, counted by ``sys.setprofile``) and ``batch_end``, ``committed`` (``kill_after_commit``: the first save is written,
+the process group is SIGKILLed) and ``end`` (every batch's ``marks``, the saves, the last loss, the device's facts).
 """
 
 from __future__ import annotations
@@ -110,17 +104,10 @@ class Probe(L.Callback):
         self.saved(trainer)
         self.marks.mark("batch start")
 
-    def on_before_backward(self, *_: Any) -> None:
-        self.marks.mark("backward[")
-
-    def on_after_backward(self, *_: Any) -> None:
-        self.marks.mark("backward]")
-
-    def on_before_optimizer_step(self, *_: Any) -> None:
-        self.marks.mark("step[")
-
-    def on_before_zero_grad(self, *_: Any) -> None:
-        self.marks.mark("zero_grad")
+    on_before_backward = lambda self, *_: self.marks.mark("backward[")  # noqa: E731
+    on_after_backward = lambda self, *_: self.marks.mark("backward]")  # noqa: E731
+    on_before_optimizer_step = lambda self, *_: self.marks.mark("step[")  # noqa: E731  (then clipping, the update)
+    on_before_zero_grad = lambda self, *_: self.marks.mark("zero_grad")  # noqa: E731
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
@@ -130,6 +117,7 @@ class Probe(L.Callback):
         if len(self.marks.ends) + 1 == self.warmup or step == trainer.max_steps or (self.sync_every and step % self.sync_every == 0):
             sync()
         self.marks.end_batch()
+        self.saved(trainer)
         self.tokens = int(batch[1].numel())
         if len(self.marks.ends) == 1:
             emit("batch_end", batch_idx=batch_idx)
@@ -142,9 +130,10 @@ class Probe(L.Callback):
         if cb.last_model_path != self.last_path:
             self.last_path = cb.last_model_path
             self.saves.append({"batch": len(self.marks.ends), "global_step": trainer.global_step, "s": cb.save_seconds[0],
-                               "async": bool(cb.async_save)})
-        if self.kill_after_commit and cb.save_seconds[1] is not None:
-            emit("committed", path=cb.last_model_path)
+                               "async": bool(cb.async_save), "path": cb.last_model_path})
+        # the first save's files are written: its publish set save_seconds[1], or a second save began (one in flight)
+        if self.kill_after_commit and (len(self.saves) > 1 or cb.save_seconds[1] is not None):
+            emit("committed", path=self.saves[0]["path"])
             os.killpg(os.getpgid(0), signal.SIGKILL)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

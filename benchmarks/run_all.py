@@ -1,15 +1,8 @@
-"""Run every benchmark (``make bench``): port overhead, checkpoint cost, resume cost, verify speed,
-memory of a DDP save inside an accumulation window, data set-up at MiniMind's size, checkpoints on
-object storage (upload throughput, loop stall with an ``s3://`` directory), the restart breakdown (where
-the seconds of a resume start go).
-
-Each benchmark prints its table and writes ``<name>.json`` and ``<name>.png`` under the
-results directory (default ``benchmarks/results/``); this script also writes
-``summary.md`` there with all tables and, after a full run into the default directory,
-refreshes the tables in ``benchmarks/README.md`` (between the ``bench-results`` markers).
-
-``python -m benchmarks.run_all [--quick] [--only overhead checkpoint resume verify data remote restart] [--results-dir DIR]
-[--threads N] [--no-readme]``; ``--quick`` runs toy sizes (what ``tests/test_benchmarks.py`` runs): its numbers mean nothing.
+"""Run every benchmark (make bench) and write summary.md: port overhead, checkpoint cost, resume cost, verify speed,
+data set-up, checkpoints on object storage, the restart breakdown. Each writes ``<name>.json`` and ``<name>.png`` under
+the results directory (default ``benchmarks/results/``); after a full run into the default directory the tables in
+``benchmarks/README.md`` (between the ``bench-results`` markers) are refreshed. ``python -m benchmarks.run_all [--quick]
+[--only NAME ...] [--results-dir DIR] [--threads N] [--no-readme]``; ``--quick``: toy sizes, numbers mean nothing.
 """
 
 from __future__ import annotations
