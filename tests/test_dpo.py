@@ -6,6 +6,7 @@ Fixtures: ``../shared/minimind/post`` (MiniMind commit d65ef2c, 64x2 model, CPU,
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -128,8 +129,13 @@ def test_minimind_dpo_argv_reproduces_its_run_and_minimind_loads_the_export(tmp_
     assert len(logged) == 18
     first = logged[0]
     assert float(first["rewards/chosen"]) == 0.0 and float(first["rewards/margin"]) == 0.0  # policy == reference
+    assert float(first["rewards/accuracy"]) == 0.0  # no pair's chosen reward above its rejected one yet
+    for row in logged:  # a fraction of the micro-batch's pairs (4, fewer in an epoch's last batch)
+        accuracy = float(row["rewards/accuracy"])
+        assert any(math.isclose(accuracy * n, k, abs_tol=1e-6) for n in range(1, 5) for k in range(n + 1)), row
     last = logged[-1]
-    assert float(last["rewards/margin"]) > 0 and 0.0 <= float(last["rewards/accuracy"]) <= 1.0
+    # a positive mean margin: at least one pair's chosen reward is ahead
+    assert float(last["rewards/margin"]) > 0 and float(last["rewards/accuracy"]) > 0
     assert abs(float(last["rewards/chosen"]) - float(last["rewards/rejected"]) - float(last["rewards/margin"])) < 1e-5
 
 

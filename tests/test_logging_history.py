@@ -57,14 +57,18 @@ def wandb_by_step(run_dir: Path) -> tuple[set[str], dict[int, dict]]:
     return {r["id"] for r in runs}, by_step
 
 
-def assert_derived_metrics(rows: list[dict[str, str]], run) -> None:
+def assert_derived_metrics(rows: list[dict[str, str]], run, iters: int = 12) -> None:
     """``perplexity`` is exp(logits_loss); ``tokens_per_s`` counts the batch's tokens (4 x 63) over the time
-    since the previous batch (0 for a process's first); ``epoch_time`` is the console's estimate, in minutes."""
+    since the previous batch (0 for a process's first); ``epoch_time`` is the console's estimate of the
+    minutes left in the epoch (``iters`` batches), MiniMind's: whole minutes, none after its last batch."""
     rows = [r for r in rows if r.get("micro_step")]
     batch_tokens = 4 * 63
     for row in rows:
         assert math.isclose(float(row["perplexity"]), math.exp(float(row["logits_loss"])), rel_tol=1e-6), row
-        assert 0 <= float(row["epoch_time"]) < 10, row  # minutes left in a 12-batch epoch of a 64x2 model
+        minutes = float(row["epoch_time"])
+        assert minutes.is_integer() and minutes < 10, row  # MiniMind floors to minutes; a 64x2 model's epoch: seconds
+        if int(row["micro_step"]) % iters == 0:  # the epoch's last batch: nothing left of it
+            assert minutes == 0, row
     speeds = [float(r["tokens_per_s"]) for r in rows]
     assert speeds[0] == 0 and all(batch_tokens / 600 < v < batch_tokens * 1e4 for v in speeds[1:]), speeds
     printed = [float(m[8]) for m in run.lines]

@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import re
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -57,6 +58,7 @@ def fake_trainer() -> SimpleNamespace:
 
 def test_auto_interval_sources_and_line(caplog: pytest.LogCaptureFixture) -> None:
     trainer = fake_trainer()
+    born = time.monotonic()
     schedule = SaveSchedule(1000, "auto")
     assert schedule.interval() is None and schedule.by_time(trainer)  # no save cost measured: the first boundary saves
     schedule.saved(0.02)
@@ -76,13 +78,17 @@ def test_auto_interval_sources_and_line(caplog: pytest.LogCaptureFixture) -> Non
 
     # a resumed run: its own history (checkpointed in the callback's state) gives the MTBF
     state = schedule.state_dict()
-    assert state["starts"] == 1 and state["save_seconds"] == [0.02, 0.05, 0.06] and state["exposure_seconds"] >= 0
+    assert state["starts"] == 1 and state["save_seconds"] == [0.02, 0.05, 0.06]
+    assert 0 < state["exposure_seconds"] <= time.monotonic() - born  # this start's time so far, no more
+    loaded = time.monotonic()
     resumed = SaveSchedule(1000, "auto")
     resumed.load_state_dict({**state, "exposure_seconds": 600.0, "starts": 3})
     mtbf, source = resumed.mtbf_now()
     assert mtbf == pytest.approx(200, abs=1) and source == "over this run's 3 interruptions"
     assert resumed.interval() == pytest.approx(young_daly_interval(0.05, mtbf))
-    assert resumed.state_dict()["starts"] == 4
+    again = resumed.state_dict()
+    assert again["starts"] == 4
+    assert 600 < again["exposure_seconds"] <= 600 + time.monotonic() - loaded  # the earlier starts' plus this one's
     given = SaveSchedule(1000, "auto", mtbf=1)
     given.load_state_dict(state)
     assert given.mtbf_now() == (1, "by --resume.mtbf") and given.interval() == pytest.approx(1.0)  # 20 x 0.05

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers.runs import assert_resumed, need_shared, run_cli, tiny_args
+from tests.helpers.runs import LINE_RE, assert_resumed, need_shared, run_cli, steps_of, tiny_args
 
 
 def test_a_resume_reads_its_checkpoint_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -51,4 +51,7 @@ def test_a_resume_reads_its_checkpoint_once(tmp_path: Path, monkeypatch: pytest.
     # the file opened twice: the CRC pass and torch.load's own open (it opens through Python's open)
     assert reads == {"open checkpoint": 2, "open manifest": 1, "torch.load checkpoint": 1}, reads
     out, err = capfd.readouterr()  # Lightning's info lines: on stderr, or in pytest's log capture
-    assert_resumed(out + err + caplog.text, 1, 5)  # it did resume from that checkpoint (a fresh start reads nothing)
+    # it resumed from that checkpoint (a fresh start reads nothing): at batch 5, and trained batches 5 and 6 only
+    trained = steps_of(LINE_RE.findall(out))
+    assert_resumed(out + err + caplog.text, 1, 5, lines=trained)
+    assert sorted(trained) == [(1, 5), (1, 6)], sorted(trained)
