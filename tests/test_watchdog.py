@@ -77,15 +77,19 @@ class Live:
     def kill_group(self) -> None:
         kill_session(self.proc.pid)
 
-    def session(self) -> list[psutil.Process]:
-        """The processes still alive in the run's session (zombies aside)."""
-        alive = []
-        for proc in psutil.process_iter(["status"]):
+    def session(self, grace: float = 5) -> list[psutil.Process]:
+        """The processes still alive in the run's session (zombies aside), once those already dying (a
+        worker the watchdog SIGKILLed an instant before its rank exited) had up to ``grace`` s to go."""
+        found = []
+        for proc in psutil.process_iter():
             try:
-                if os.getsid(proc.pid) == self.proc.pid and proc.info["status"] != psutil.STATUS_ZOMBIE:
-                    alive.append(proc)
+                if os.getsid(proc.pid) == self.proc.pid:
+                    found.append(proc)
             except (ProcessLookupError, PermissionError, psutil.Error):
                 continue
+        deadline = time.monotonic() + grace
+        while (alive := [p for p in found if not is_zombie(p)]) and time.monotonic() < deadline:
+            psutil.wait_procs(alive, timeout=0.1)  # at most 0.1 s; the check above counts an unreaped zombie as gone
         return alive
 
     def until(self, pattern: str) -> str:
@@ -107,6 +111,14 @@ class Live:
         assert not self.killed.is_set(), f"the run was still going after {LIMIT_S} s:\n{''.join(self.err)[-3000:]}"
         stdout = "".join(self.out)
         return Run(self.proc.returncode, stdout, "".join(self.err), LINE_RE.findall(stdout))
+
+
+def is_zombie(proc: psutil.Process) -> bool:
+    """Exited (its parent has yet to reap it) or gone."""
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True  # gone meanwhile
 
 
 def hang_line(run: Run) -> re.Match:
