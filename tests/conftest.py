@@ -2,18 +2,7 @@
 
 from __future__ import annotations
 
-# for the test files that still say ``from conftest import ...`` (tests/test_fault_*.py, tests/test_bench*.py)
-from tests.helpers.runs import (  # noqa: F401
-    MINIMIND,
-    ROOT,
-    SHARED_ABSENT,
-    assert_resumed,
-    cli_env,
-    expected_resume,
-    need_shared,
-    run_cli,
-    tiny_args,
-)
+from tests.helpers.runs import MINIMIND, SHARED_ABSENT
 
 
 def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import ROOT, cli_env
+from tests.helpers.runs import ROOT, cli_env
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_resumed, cli_env, need_shared, run_cli, tiny_args
+
+from tests.helpers.runs import assert_resumed, cli_env, need_shared, run_cli, tiny_args
 
 FILES = {"checkpoint": ".ckpt", "resume_link": "_resume.pth", "export": "pretrain_64.pth"}
 OPS = {"checkpoint": ["write", "fsync", "manifest", "rename", "dirfsync"],

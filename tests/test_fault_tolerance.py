@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, assert_resumed, cli_env, expected_resume, need_shared, run_cli, tiny_args
+
+from tests.helpers.runs import ROOT, assert_resumed, cli_env, expected_resume, need_shared, run_cli, tiny_args
 
 
 def seeded_trials() -> list[tuple[str, int]]:

@@ -1,7 +1,7 @@
 """Test-only: faults and pauses inside the project's atomic writer, from outside the package.
 
 Installed in every process the tests start (``tests/helpers/site/sitecustomize.py``, on the
-``PYTHONPATH`` of :func:`tests.conftest.cli_env`) when one of these variables is set:
+``PYTHONPATH`` of :func:`tests.helpers.runs.cli_env`) when one of these variables is set:
 
 * ``LIT_MINIMIND_TEST_FAIL=OP:SUFFIX:N:ERRNO``: the N-th ``OP`` on a file whose name ends with
   ``SUFFIX`` fails with ``ERRNO`` (``ENOSPC``, ``EIO``, ...), as a full or failing disk would. ``OP``:

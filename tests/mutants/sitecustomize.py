@@ -1,7 +1,7 @@
 """Deliberate breaks of the product, applied from outside it at interpreter start-up.
 
 ``LIT_MINIMIND_MUTANT=<name>`` (with this directory first on ``PYTHONPATH``, which
-``tests/conftest.py:cli_env`` passes on to every process a test starts) patches one behaviour
+``tests/helpers/runs.py:cli_env`` passes on to every process a test starts) patches one behaviour
 when the module holding it is imported. ``make test-mutants`` (scripts/mutants.py) requires the
 suite to catch each. Every applied patch appends ``<mutant> <pid> <what>`` to
 ``LIT_MINIMIND_MUTANT_LOG`` (if set), so a mutant that no longer applies is noticed.
