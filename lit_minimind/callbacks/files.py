@@ -16,7 +16,6 @@ from lit_minimind.checkpoint.atomic import atomic_link, atomic_save, read_manife
 from lit_minimind.checkpoint.names import CheckpointName, expired, minimind_file_names
 from lit_minimind.checkpoint.read import verify_checkpoint, verify_manifest
 from lit_minimind.errors import CheckpointError
-from lit_minimind.resume.io import SafeCheckpointIO
 
 
 class CheckpointFiles:
