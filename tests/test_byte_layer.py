@@ -65,3 +65,16 @@ def test_removal_takes_the_manifest_and_the_data(tmp_path: Path) -> None:
     remove_file(path)
     assert not path.exists() and not manifest_path(path).exists()
     remove_file(path)  # already gone: nothing to do
+
+
+def test_a_test_fault_names_what_it_commits_not_an_ordinal() -> None:
+    """tests/helpers/faults.py: a fault addresses a commit by its kind (one more file per save shifts no test)."""
+    from tests.helpers.faults import is_the_commit, kind_of
+
+    assert [kind_of(n) for n in ("pretrain_64_e1_s5_g3_ab.ckpt", "pretrain_64_best.ckpt", "pretrain_64_resume.pth",
+                                 "pretrain_64.pth", "index.json")] == ["checkpoint", "best", "resume", "export", None]
+    assert kind_of("hf", directory=True) == "directory"
+    assert [is_the_commit("t", "2:resume", k) for k in ("checkpoint", "resume", "export", "resume", "resume")] == [
+        False, False, False, True, False]
+    with pytest.raises(ValueError, match="N:KIND"):
+        is_the_commit("t", "3", "checkpoint")

@@ -21,7 +21,7 @@ def test_compiled_run_resumes_exactly_with_minimind_keys(tmp_path: Path) -> None
     ref = run_cli(ref_dir, args, env=env, timeout=900)
     assert ref.returncode == 0, ref.stderr[-3000:]
     # killed right after the step-6 save's last file (its export, the 3rd commit; the save fell due at 5)
-    killed = run_cli(run_dir, args, env={**env, "LIT_MINIMIND_TEST_STOP_AFTER_SAVE": "3"}, timeout=900)
+    killed = run_cli(run_dir, args, env={**env, "LIT_MINIMIND_TEST_STOP_AFTER_SAVE": "1:export"}, timeout=900)
     assert killed.returncode == -9 and "@@stopped-after-save" in killed.stdout
     done = run_cli(run_dir, args + ["--ckpt_path", "last"], env=env, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]

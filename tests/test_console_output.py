@@ -175,7 +175,7 @@ def test_enable_progress_bar_false_prints_no_progress_at_all(tmp_path: Path) -> 
 
 
 # ------------------------------------------------------------------ error: lines
-FAIL_SECOND_SAVE = {"LIT_MINIMIND_TEST_FAIL": "write:.ckpt:2:ENOSPC"}  # tests/helpers/faults.py, the background writer
+FAIL_SECOND_SAVE = {"LIT_MINIMIND_TEST_FAIL": "write:checkpoint:2:ENOSPC"}  # tests/helpers/faults.py, the background writer
 
 
 @pytest.mark.parametrize("where", ["log file", "terminal"])

@@ -35,7 +35,7 @@ def test_ddp_killed_and_resumed_on_two_and_on_one(tmp_path: Path) -> None:
     assert seeds == [42, 43]
 
     # killed (whole process group) right after the 9th file commit: the export of epoch 2's step-4 save
-    killed = run_cli(killed_dir, ddp + ["--ckpt_path", "last"], env=cli_env(LIT_MINIMIND_TEST_STOP_AFTER_SAVE="9"))
+    killed = run_cli(killed_dir, ddp + ["--ckpt_path", "last"], env=cli_env(LIT_MINIMIND_TEST_STOP_AFTER_SAVE="3:export"))
     assert killed.returncode == -9 and "@@stopped-after-save" in killed.stdout
     resumed = run_cli(killed_dir, ddp + ["--ckpt_path", "last"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -48,8 +48,8 @@ def test_ddp_killed_and_resumed_on_two_and_on_one(tmp_path: Path) -> None:
     # the same 2-process checkpoint (epoch 1, step 4 of 6) resumed on a single process
     one_dir = tmp_path / "one"
     one_dir.mkdir()
-    # SIGKILLed inside the 4th file write: the step-4 save (3 files) is complete, the epoch-end one is not
-    half = run_cli(one_dir, ddp + ["--ckpt_path", "last"], env=cli_env(LIT_MINIMIND_TEST_STOP_IN_SAVE="4"))
+    # SIGKILLed inside the second checkpoint's commit: the step-4 save is complete, the epoch-end one is not
+    half = run_cli(one_dir, ddp + ["--ckpt_path", "last"], env=cli_env(LIT_MINIMIND_TEST_STOP_IN_SAVE="2:checkpoint"))
     assert half.returncode == -9
     ckpts = sorted((one_dir / "checkpoints").glob("*.ckpt"))
     assert ckpts, "no checkpoint was written before the kill"
@@ -100,7 +100,7 @@ def test_one_process_checkpoint_resumes_on_two(tmp_path: Path) -> None:
     one line (no partial gradient is saved), and both epochs finish."""
     need_shared()
     one = tiny_args(epochs=2, accumulate=2, save_interval=5)
-    killed = run_cli(tmp_path, one, env=cli_env(LIT_MINIMIND_TEST_STOP_AFTER_SAVE="3"))
+    killed = run_cli(tmp_path, one, env=cli_env(LIT_MINIMIND_TEST_STOP_AFTER_SAVE="1:export"))
     assert killed.returncode == -9 and "@@stopped-after-save" in killed.stdout
     two = run_cli(tmp_path, tiny_args(epochs=2, accumulate=2, save_interval=5, devices=2) + ["--ckpt_path", "last"])
     assert two.returncode == 0, two.stderr[-3000:]

@@ -279,7 +279,7 @@ def test_ddp_two_processes_killed_mid_window_resume_exactly(tmp_path: Path, stag
     assert ref.returncode == 0, ref.stderr[-3000:]
     assert len(ref.steps) == 10  # 2 epochs x 5 batches per rank
     # killed right after the step-4 save's last file (its export, the 3rd commit)
-    killed = run_cli(kill_dir, args + ["--ckpt_path", "last"], env=cli_env(LIT_MINIMIND_TEST_STOP_AFTER_SAVE="3"))
+    killed = run_cli(kill_dir, args + ["--ckpt_path", "last"], env=cli_env(LIT_MINIMIND_TEST_STOP_AFTER_SAVE="1:export"))
     assert killed.returncode == -9 and "@@stopped-after-save" in killed.stdout
     resumed = run_cli(kill_dir, args + ["--ckpt_path", "last"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]

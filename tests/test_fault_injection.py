@@ -2,7 +2,7 @@
 directory fsync of each of its files): the run stops with exit 2 naming the failure, and
 ``--ckpt_path last`` then ends exactly like the uninterrupted run.
 
-The faults are injected from the tests into the writer (``LIT_MINIMIND_TEST_FAIL=OP:SUFFIX:N:ERRNO``,
+The faults are injected from the tests into the writer (``LIT_MINIMIND_TEST_FAIL=OP:KIND:N:ERRNO``,
 :mod:`tests.helpers.faults`, no hook in the package): a real EIO
 cannot be produced here; a real full disk and a read-only mount are tested in test_fault_tolerance."""
 
@@ -16,14 +16,13 @@ import torch
 
 from tests.helpers.runs import assert_resumed, cli_env, need_shared, run_cli, tiny_args
 
-FILES = {"checkpoint": ".ckpt", "resume_link": "_resume.pth", "export": "pretrain_64.pth"}
 OPS = {"checkpoint": ["write", "fsync", "manifest", "rename", "dirfsync"],
-       "resume_link": ["link", "manifest", "rename", "dirfsync"],  # a hard link: no data written
+       "resume": ["link", "manifest", "rename", "dirfsync"],  # a hard link: no data written
        "export": ["write", "fsync", "manifest", "rename", "dirfsync"]}
-FAST = {("write", "checkpoint", "ENOSPC"), ("rename", "resume_link", "EIO"), ("dirfsync", "export", "EIO"),
+FAST = {("write", "checkpoint", "ENOSPC"), ("rename", "resume", "EIO"), ("dirfsync", "export", "EIO"),
         ("fsync", "checkpoint", "EIO"), ("manifest", "export", "ENOSPC")}
 CASES = [pytest.param(op, kind, code, marks=() if (op, kind, code) in FAST else pytest.mark.slow, id=f"{op}-{kind}-{code}")
-         for kind in FILES for op, code in itertools.product(OPS[kind], ["ENOSPC", "EIO"])]
+         for kind in OPS for op, code in itertools.product(OPS[kind], ["ENOSPC", "EIO"])]
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +39,7 @@ def test_fault_in_a_save_stops_clearly_and_resumes_exactly(tmp_path: Path, refer
                                                           code: str) -> None:
     args = tiny_args(epochs=1, accumulate=2, save_interval=5)
     # the second save (step 10) fails; the first (due at step 5, taken at its optimizer step 6) is complete
-    failed = run_cli(tmp_path, args, env=cli_env(LIT_MINIMIND_TEST_FAIL=f"{op}:{FILES[kind]}:2:{code}"))
+    failed = run_cli(tmp_path, args, env=cli_env(LIT_MINIMIND_TEST_FAIL=f"{op}:{kind}:2:{code}"))
     assert failed.returncode == 2, failed.stderr[-2000:]
     errors = [line for line in failed.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "could not save the checkpoint at epoch 1 step 10" in errors[0], failed.stderr[-2000:]

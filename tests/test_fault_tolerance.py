@@ -14,16 +14,19 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers.faults import SAVE_FILES
 from tests.helpers.runs import ROOT, assert_resumed, cli_env, expected_resume, need_shared, run_cli, tiny_args
 
 
-def seeded_trials() -> list[tuple[str, int]]:
-    """Ten kills, alternating: at a random console line, inside a random file write (seed 1234)."""
+def seeded_trials() -> list[tuple[str, int | str]]:
+    """Ten kills, alternating: at a random console line, inside a random file commit of one of the first seven
+    saves (``N:KIND``, tests/helpers/faults.py; seed 1234)."""
     rng = random.Random(1234)
-    return [("save", rng.randint(1, 20)) if trial % 2 else ("line", rng.randint(1, 23)) for trial in range(10)]
+    return [(("save", f"{rng.randint(1, 7)}:{rng.choice(SAVE_FILES)}") if trial % 2 else ("line", rng.randint(1, 23)))
+            for trial in range(10)]
 
 
-def run_kill_trials(tmp_path: Path, trials: list[tuple[str, int]]) -> None:
+def run_kill_trials(tmp_path: Path, trials: list[tuple[str, int | str]]) -> None:
     """Each trial: killed once as ``trials`` says, resumed with ``--ckpt_path last``; ends bit-identical."""
     need_shared()
     args = tiny_args(epochs=2, accumulate=2, save_interval=3)
@@ -77,7 +80,7 @@ def _partial_run(tmp_path: Path, *extra: str) -> tuple[Path, list[str]]:
     args = tiny_args(epochs=1, accumulate=2, save_interval=3) + list(extra)
     # saves fall due at 3, 6, 9 and are taken at their optimizer step (4, 6, 10); killed right after the
     # 9th file commit: the step-10 save's export (saves at 4, 6, 10 complete)
-    killed = run_cli(tmp_path, args, env=cli_env(LIT_MINIMIND_TEST_STOP_AFTER_SAVE="9"))
+    killed = run_cli(tmp_path, args, env=cli_env(LIT_MINIMIND_TEST_STOP_AFTER_SAVE="3:export"))
     assert killed.returncode == -9 and "@@stopped-after-save" in killed.stdout and "pretrain_64.pth" in killed.stdout
     return tmp_path / "checkpoints", args
 
@@ -211,8 +214,8 @@ def test_fresh_run_beside_an_older_runs_files_resumes_itself_and_keeps_them(tmp_
     assert old.returncode == 0
     old_ckpts = {p.name for p in (tmp_path / "checkpoints").glob("*.ckpt")}
     args = tiny_args(epochs=2, save_interval=5) + ["--model.learning_rate", "1e-3"]
-    # a fresh run, killed right after its 6th file commit: the step-10 save's export
-    new = run_cli(tmp_path, args, env=cli_env(LIT_MINIMIND_TEST_STOP_AFTER_SAVE="6"))
+    # a fresh run, killed right after its second export: the step-10 save's
+    new = run_cli(tmp_path, args, env=cli_env(LIT_MINIMIND_TEST_STOP_AFTER_SAVE="2:export"))
     assert new.returncode == -9 and "@@stopped-after-save" in new.stdout
     resumed = run_cli(tmp_path, args + ["--ckpt_path", "last"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]

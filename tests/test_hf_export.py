@@ -157,7 +157,7 @@ def test_killed_export_leaves_no_directory(tmp_path: Path) -> None:
     """SIGKILL with every file written but before the rename: DIR does not exist; the next export works."""
     out = tmp_path / "hf"
     proc = subprocess.Popen([sys.executable, "-m", "lit_minimind.export", str(RUN / "out__pretrain_64.pth"), str(out)],
-                            cwd=ROOT, env=cli_env(LIT_MINIMIND_TEST_STOP_IN_SAVE="1"), stdout=subprocess.PIPE, text=True)
+                            cwd=ROOT, env=cli_env(LIT_MINIMIND_TEST_STOP_IN_SAVE="1:directory"), stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline()
     assert line.startswith("@@stopped-in-save"), line

@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers.faults import SAVE_FILES
 from tests.helpers.runs import TINY_JSONL, assert_resumed, cli_env, expected_resume, need_shared, resumed_at, run_cli, tiny_args
-
-COMMITS_PER_SAVE = 3  # the checkpoint, MiniMind's _resume.pth link, the fp16 export
 
 
 def doubled_data(tmp_path: Path) -> Path:
@@ -45,12 +44,12 @@ def resume_last(run_dir: Path, args: list[str], iters: int, **kwargs):
     return run
 
 
-def chain(run_dir: Path, args: list[str], stops: list[tuple[str, int | str]], iters: int = 24) -> list:
-    """One process per stop: SIGKILLed in or right after its N-th file commit; then one to finish.
+def chain(run_dir: Path, args: list[str], stops: list[tuple[str, str]], iters: int = 24) -> list:
+    """One process per stop: SIGKILLed in or right after the commit it names (``N:KIND``); then one to finish.
     Each process after a save resumes where its checkpoint says."""
     runs = []
     for moment, commit in stops:
-        env = cli_env(**{f"LIT_MINIMIND_TEST_STOP_{moment.upper()}_SAVE": str(commit)})
+        env = cli_env(**{f"LIT_MINIMIND_TEST_STOP_{moment.upper()}_SAVE": commit})
         run = resume_last(run_dir, args, iters, env=env)
         runs.append(run)
         if run.returncode == 0:
@@ -71,7 +70,7 @@ def test_resumes_at_epoch_boundaries_move_forward(tmp_path: Path) -> None:
     ref_dir.mkdir(), run_dir.mkdir()
     ref = run_cli(ref_dir, args)
     assert ref.returncode == 0, ref.stderr[-3000:]
-    runs = chain(run_dir, args, [("after", "1:.ckpt")] * 4)
+    runs = chain(run_dir, args, [("after", "1:checkpoint")] * 4)
     assert resumed_at(runs[0]) is None
     for epoch, run in enumerate(runs[1:], start=2):  # each process resumes after the previous one's epoch
         assert_resumed(run, epoch, 1)
@@ -96,7 +95,7 @@ def test_mid_epoch_kill_chain_is_exact(tmp_path: Path, seed: int) -> None:
     ref = run_cli(ref_dir, args)
     assert ref.returncode == 0, ref.stderr[-3000:]
     rng = random.Random(seed)
-    stops = [(rng.choice(["in", "after"]), rng.randint(1, 3 * COMMITS_PER_SAVE)) for _ in range(6)]
+    stops = [(rng.choice(["in", "after"]), f"{rng.randint(1, 3)}:{rng.choice(SAVE_FILES)}") for _ in range(6)]
     runs = chain(run_dir, args, stops)
     positions = [m for r in runs[1:] for m in re.findall(r"resuming (?:epoch (\d+) at step (\d+)|at the start of epoch (\d+))",
                                                           r.stderr + r.stdout)]
@@ -118,7 +117,7 @@ def test_kill_in_teardown_after_the_final_save_trains_nothing_again(tmp_path: Pa
     ref_dir, run_dir = tmp_path / "ref", tmp_path / "run"
     ref_dir.mkdir(), run_dir.mkdir()
     assert run_cli(ref_dir, args).returncode == 0
-    runs = chain(run_dir, args, [("after", 2 * COMMITS_PER_SAVE)], iters=12)  # after the final export: in teardown
+    runs = chain(run_dir, args, [("after", "2:export")], iters=12)  # after the final export: in teardown
     assert runs[0].returncode == -9 and len(runs[0].steps) == 24
     assert_resumed(runs[1], 3, 1)  # past the last epoch: nothing to train
     assert runs[1].steps == {}, "a finished run trained again after its resume"
@@ -137,7 +136,7 @@ def test_best_checkpoint_records_its_own_position(tmp_path: Path) -> None:
     ref_dir.mkdir(), run_dir.mkdir()
     ref = run_cli(ref_dir, args)
     assert ref.returncode == 0, ref.stderr[-3000:]
-    killed = run_cli(run_dir, args, env=cli_env(LIT_MINIMIND_TEST_STOP_AFTER_SAVE="1:_best.ckpt"))
+    killed = run_cli(run_dir, args, env=cli_env(LIT_MINIMIND_TEST_STOP_AFTER_SAVE="1:best"))
     assert killed.returncode == -9 and max(killed.steps) >= (1, 6)  # async: training runs on while it is written
     best = torch.load(run_dir / "checkpoints" / "pretrain_64_best.ckpt", weights_only=True)
     assert (best["epoch"], best["step"], best["MiniMindDataModule"]["step"]) == (0, 6, 6)

@@ -99,8 +99,8 @@ def test_seeded_sigkills_lose_no_logged_row_wandb_and_csv(tmp_path: Path) -> Non
     # five kills at seeded moments: SIGKILL (whole process group, wandb's service too) after the k-th
     # console line of a process, inside the first checkpoint commit, right after it
     rng = random.Random(20240611)
-    plan = [("lines", rng.randint(3, 8)), ("in_save", "1:.ckpt"), ("lines", rng.randint(3, 8)),
-            ("after_save", "1:.ckpt"), ("lines", rng.randint(3, 8))]
+    plan = [("lines", rng.randint(3, 8)), ("in_save", "1:checkpoint"), ("lines", rng.randint(3, 8)),
+            ("after_save", "1:checkpoint"), ("lines", rng.randint(3, 8))]
     rng.shuffle(plan)
     for kind, at in plan:
         want = expected_resume(run_dir)
@@ -143,7 +143,7 @@ def test_micro_step_continues_across_a_world_size_change(tmp_path: Path) -> None
     need_shared()
     two = tiny_args(epochs=2, accumulate=2, save_interval=4, devices=2) + ["--ckpt_path", "last"]
     one = tiny_args(epochs=2, accumulate=2, save_interval=4, devices=1) + ["--ckpt_path", "last"]
-    half = run_cli(tmp_path, two, env=cli_env(LIT_MINIMIND_TEST_STOP_IN_SAVE="2:.ckpt"))  # step 4's save is complete
+    half = run_cli(tmp_path, two, env=cli_env(LIT_MINIMIND_TEST_STOP_IN_SAVE="2:checkpoint"))  # step 4's save is complete
     assert half.returncode == -9 and "@@stopped-in-save" in half.stdout
     single = run_cli(tmp_path, one)
     assert single.returncode == 0, single.stderr[-3000:]

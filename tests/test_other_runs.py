@@ -225,7 +225,7 @@ def test_a_run_killed_inside_a_save_continues_and_drops_the_rows_trained_again(t
     the rows beyond the first checkpoint are this lineage's, trained again: dropped, version_0 continued."""
     need_shared()
     args = tiny_args(epochs=1) + ["--ckpt_path", "last"]
-    killed = run_cli(tmp_path, args, env=cli_env(LIT_MINIMIND_TEST_STOP_IN_SAVE="2:.ckpt"))
+    killed = run_cli(tmp_path, args, env=cli_env(LIT_MINIMIND_TEST_STOP_IN_SAVE="2:checkpoint"))
     assert killed.returncode == -9 and "@@stopped-in-save" in killed.stdout
     log_dir = tmp_path / "lightning_logs" / "version_0"
     beyond = [s for s in by_micro_step(csv_rows(log_dir)) if s > 6]

@@ -99,7 +99,7 @@ def test_own_script_under_ddp_killed_and_rerun_resumes_exactly(tmp_path: Path) -
     assert ref.returncode == 0, ref.stderr[-3000:]
     run_dir = tmp_path / "killed"
     # killed (both ranks) once the step-4 save's first MiniMind file is committed
-    first = run_script(run_dir, replace=ddp, LIT_MINIMIND_TEST_STOP_AFTER_SAVE="1:.pth")
+    first = run_script(run_dir, replace=ddp, LIT_MINIMIND_TEST_STOP_AFTER_SAVE="1:resume")
     assert first.returncode == -9 and "@@stopped-after-save" in first.stdout
     assert expected_resume(run_dir, "pretrain_64", iters=6) == (1, 5)
     second = run_script(run_dir, replace=ddp)

@@ -54,19 +54,21 @@ def test_kill_anywhere_resume_is_bit_identical(tmp_path: Path, name: str) -> Non
         assert ref_resume["scaler"]["_growth_tracker"] == resume["scaler"]["_growth_tracker"]
 
 
-@pytest.mark.parametrize("write", [16, pytest.param(17, marks=pytest.mark.slow), pytest.param(18, marks=pytest.mark.slow)])  # the last save's fp16 export, resume file, Lightning ckpt
-def test_kill_inside_the_final_save_still_ends_with_final_files(tmp_path: Path, write: int) -> None:
+@pytest.mark.parametrize("file", ["checkpoint", pytest.param("resume", marks=pytest.mark.slow),
+                                  pytest.param("export", marks=pytest.mark.slow)])
+def test_kill_inside_the_final_save_still_ends_with_final_files(tmp_path: Path, file: str) -> None:
     need_shared()
     args = tiny_args(epochs=2, accumulate=2, save_interval=5)  # saves at 5, 10, 12 per epoch: 6 x 3 writes
     ref_dir, run_dir = tmp_path / "ref", tmp_path / "run"
     ref_dir.mkdir(), run_dir.mkdir()
     assert run_cli(ref_dir, args).returncode == 0
-    killed = run_cli(run_dir, args + ["--ckpt_path", "last"], env=cli_env(LIT_MINIMIND_TEST_STOP_IN_SAVE=str(write)))
+    killed = run_cli(run_dir, args + ["--ckpt_path", "last"], env=cli_env(LIT_MINIMIND_TEST_STOP_IN_SAVE=f"6:{file}"))
     assert killed.returncode == -9 and "@@stopped-in-save" in killed.stdout
     done = run_cli(run_dir, args + ["--ckpt_path", "last"])
     assert done.returncode == 0, done.stderr[-3000:]
-    # killed in the checkpoint's own commit: the step-10 save is the newest; after it: nothing left to train
-    assert_resumed(done, *{16: (2, 11), 17: (3, 1), 18: (3, 1)}[write])
+    # killed in the last (6th) save's checkpoint commit: the step-10 save is the newest; in its _resume.pth or export
+    # (the checkpoint in place): nothing left to train
+    assert_resumed(done, *{"checkpoint": (2, 11), "resume": (3, 1), "export": (3, 1)}[file])
     ref_weights, ref_resume = final_state(ref_dir, False)
     weights, resume = final_state(run_dir, False)
     assert_same_tensors(weights, ref_weights)
@@ -87,7 +89,7 @@ def test_dropout_draws_continue_after_a_resume(tmp_path: Path, save: str) -> Non
     ref = run_cli(ref_dir, args)
     assert ref.returncode == 0, ref.stderr[-3000:]
     # killed right after the step-4 save's last file (its export, the 3rd commit)
-    killed = run_cli(run_dir, args, env=cli_env(LIT_MINIMIND_TEST_STOP_AFTER_SAVE="3"))
+    killed = run_cli(run_dir, args, env=cli_env(LIT_MINIMIND_TEST_STOP_AFTER_SAVE="1:export"))
     assert killed.returncode == -9 and "@@stopped-after-save" in killed.stdout
     done = run_cli(run_dir, args + ["--ckpt_path", "last"])
     assert done.returncode == 0, done.stderr[-3000:]

@@ -40,7 +40,7 @@ def test_signal_during_start_up_of_a_resume(tmp_path: Path, phase: str) -> None:
     ref = run_cli(ref_dir, args)
     assert ref.returncode == 0, ref.stderr[-3000:]
     # killed right after the step-4 save's last file (its export, the 3rd commit)
-    first = run_cli(run_dir, args, env=cli_env(LIT_MINIMIND_TEST_STOP_AFTER_SAVE="3"))
+    first = run_cli(run_dir, args, env=cli_env(LIT_MINIMIND_TEST_STOP_AFTER_SAVE="1:export"))
     assert first.returncode == -9 and "@@stopped-after-save" in first.stdout
     files = {p.name: p.read_bytes() for p in (run_dir / "checkpoints").glob("*.ckpt")}
 

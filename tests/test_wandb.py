@@ -13,11 +13,11 @@ from tests.helpers.wandb_files import run_summary
 KEYS = ("loss", "logits_loss", "aux_loss", "learning_rate")
 
 
-def kill_in_save(cwd: Path, args: list[str], save_number: int) -> Run:
-    """SIGKILL the run (wandb's service too) inside its ``save_number``-th file write, at once: rows
-    wandb had not written to its run file yet are logged again by the resumed run (the checkpoint
-    carries them)."""
-    killed = run_cli(cwd, args, env=cli_env(LIT_MINIMIND_TEST_STOP_IN_SAVE=str(save_number)))
+def kill_in_save(cwd: Path, args: list[str], commit: str) -> Run:
+    """SIGKILL the run (wandb's service too) inside the file commit ``commit`` names (``N:KIND``,
+    tests/helpers/faults.py), at once: rows wandb had not written to its run file yet are logged again by
+    the resumed run (the checkpoint carries them)."""
+    killed = run_cli(cwd, args, env=cli_env(LIT_MINIMIND_TEST_STOP_IN_SAVE=commit))
     assert "@@stopped-in-save" in killed.stdout
     return killed
 
@@ -29,11 +29,11 @@ def wandb_args() -> list[str]:
 def test_killed_twice_one_run_id_and_one_clean_history(tmp_path: Path) -> None:
     need_shared()
     args = wandb_args() + tiny_args(epochs=2, accumulate=2, save_interval=4) + ["--ckpt_path", "last"]
-    # 3 file commits a save (checkpoint, _resume.pth link, export): the 5th is step 8's link, its checkpoint is in place
-    first = kill_in_save(tmp_path, args, save_number=5)
-    # resumed after step 8, it first writes step 8's link and export again (2 commits), then saves at 12
-    # (3-5) and at epoch 2 step 4 (6-8): killed inside that save's export, its checkpoint in place
-    second = kill_in_save(tmp_path, args, save_number=8)
+    # inside the second save's _resume.pth link (step 8): its checkpoint is in place
+    first = kill_in_save(tmp_path, args, "2:resume")
+    # resumed after step 8, it first writes step 8's link and export again, then saves at 12 and at epoch 2
+    # step 4: killed inside that save's export (its third), its checkpoint in place
+    second = kill_in_save(tmp_path, args, "3:export")
     assert first.returncode == second.returncode == -9
     assert_resumed(second, 1, 9)
     assert expected_resume(tmp_path) == (2, 5)
@@ -119,7 +119,7 @@ def test_ddp_run_logs_from_rank_zero_into_one_run_across_a_kill(tmp_path: Path) 
     need_shared()
     args = wandb_args() + tiny_args(epochs=1, save_interval=3, devices=2) + ["--ckpt_path", "last"]
     # 3 file commits a save: the 3rd is the export of the save due at step 3, taken at step 4
-    killed = run_cli(tmp_path, args, env=cli_env(LIT_MINIMIND_TEST_STOP_AFTER_SAVE="3"))
+    killed = run_cli(tmp_path, args, env=cli_env(LIT_MINIMIND_TEST_STOP_AFTER_SAVE="1:export"))
     assert killed.returncode == -9 and "@@stopped-after-save" in killed.stdout
     resumed = run_cli(tmp_path, args)
     assert resumed.returncode == 0, resumed.stderr[-3000:]

@@ -210,7 +210,7 @@ def test_a_save_that_never_finishes_is_named_phase_save(tmp_path: Path, async_sa
     need_shared()
     live = Live(tmp_path, tiny_args(*bounds(floor=60, save=3), "--resume.save_interval", "2",
                                     "--resume.async_save", async_save),
-                env=cli_env(LIT_MINIMIND_TEST_HANG_IN_SAVE="1:.ckpt"))
+                env=cli_env(LIT_MINIMIND_TEST_HANG_IN_SAVE="1:checkpoint"))
     live.until("@@hanging-in-save")
     run = live.finish()
     assert run.returncode == HANG_EXIT, run.stderr[-3000:]
@@ -229,7 +229,7 @@ def test_the_last_save_that_never_finishes_at_the_end_of_training(tmp_path: Path
     (ResumeCallback.on_train_end), still watched, as a save."""
     need_shared()
     live = Live(tmp_path, tiny_args(*bounds(floor=60, save=3), "--resume.save_interval", "100"),
-                env=cli_env(LIT_MINIMIND_TEST_HANG_IN_SAVE="1:.ckpt"))
+                env=cli_env(LIT_MINIMIND_TEST_HANG_IN_SAVE="1:checkpoint"))
     live.until("@@hanging-in-save")
     run = live.finish()
     assert run.returncode == HANG_EXIT, run.stderr[-3000:]

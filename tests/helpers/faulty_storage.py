@@ -9,16 +9,17 @@ from typing import Any
 
 from lit_minimind.checkpoint.atomic import LocalStorage
 from lit_minimind.checkpoint.names import MANIFEST_SUFFIX
-from tests.helpers.faults import fault, hang, pause
+from tests.helpers.faults import fault, hang, kind_of, pause
 
-_renamed: set[str] = set()  # data files renamed into place, awaiting their directory fsync
+_renamed: dict[str, str] = {}  # data files renamed into place, awaiting their directory fsync: their kind
 
 
 def _data(tmp: Path, target: Path) -> str | None:
-    """The checkpoint file a write commits (its name); None for a manifest or a file written without one."""
+    """What a write commits (:func:`tests.helpers.faults.kind_of`); None for a manifest or a file written without
+    one."""
     if tmp.name.startswith(".") or target.name.endswith(MANIFEST_SUFFIX):
         return None  # atomic_open's shared tmp names (cache, log), or a manifest
-    return target.name
+    return kind_of(target.name, tmp.is_dir())
 
 
 class _FaultyFile:
@@ -49,7 +50,7 @@ class FaultyStorage(LocalStorage):
 
     def open(self, tmp: Path, mode: str, target: Path) -> Any:
         if not tmp.name.startswith(".") and target.name.endswith(MANIFEST_SUFFIX):
-            fault("manifest", target.name.removesuffix(MANIFEST_SUFFIX), tmp)
+            fault("manifest", kind_of(target.name.removesuffix(MANIFEST_SUFFIX)), tmp)
         f = super().open(tmp, mode, target)
         data = _data(tmp, target)
         return _FaultyFile(f, data) if data else f
@@ -72,13 +73,13 @@ class FaultyStorage(LocalStorage):
             fault("rename", data, target)
         super().replace(tmp, target)
         if data:
-            _renamed.add(os.path.abspath(target))
+            _renamed[os.path.abspath(target)] = data
 
     def sync_dir(self, target: Path) -> None:
-        key = os.path.abspath(target)
-        if key in _renamed:
-            fault("dirfsync", target.name, target)
+        kind = _renamed.get(os.path.abspath(target))
+        if kind:
+            fault("dirfsync", kind, target)
         super().sync_dir(target)
-        if key in _renamed:  # the commit of a data file is complete
-            _renamed.discard(key)
-            pause("after", target.name, target)
+        if kind:  # the commit of a data file is complete
+            del _renamed[os.path.abspath(target)]
+            pause("after", kind, target)

@@ -27,6 +27,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.helpers.faults import SAVE_FILES
+
 # ----------------------------------------------------------------------------- paths and the tiny config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -367,7 +369,7 @@ def run_until_done(run_dir: Path, args: list[str], rng: random.Random, kills: in
         if rng.random() < 0.5:
             run = run_resuming(run_dir, args, stem, iters, kill_after_lines=rng.randint(1, total_lines - 1))
         else:
-            env = cli_env(LIT_MINIMIND_TEST_STOP_IN_SAVE=str(rng.randint(1, 6)))
+            env = cli_env(LIT_MINIMIND_TEST_STOP_IN_SAVE=f"{rng.randint(1, 2)}:{rng.choice(SAVE_FILES)}")
             run = run_resuming(run_dir, args, stem, iters, env=env)
         runs.append(run)
         if run.returncode == 0:  # finished before the planned kill point
