@@ -1,14 +1,12 @@
-"""Checkpoint cost: ResumeCallback's save vs MiniMind's save and a bare torch.save, bytes, stall and memory.
+"""Checkpoint cost: ResumeCallback's save vs MiniMind's save and a bare torch.save: bytes, stall, memory.
 
-Per model size the CLI trains ``reps + 2`` micro-batches (4 x 256; ``--quick`` 2 x 32) with a save after each
-(``--resume.save_interval 1 --resume.keep_last 1``), once with ``--resume.async_save false`` and once async, with
-:class:`SaveCost` on its command line. At each batch end (before ResumeCallback's save: checkpoint callbacks run last)
-it times, alternately, ``minimind`` (MiniMind's two ``torch.save`` files: fp16 export, resume dict) and ``bare`` (a
-``torch.save`` of the dict Lightning assembled for the last save, from ``on_save_checkpoint``); at the next batch start,
-once the write is done (``checkpoint_io.wait()``), ``ours``: the loop's wait (``ResumeCallback.save_seconds``) and the
-time until committed. ``os.sync()`` after each; the first of each kind warms up; the last save is profiled (cProfile of
-the training thread). Bytes: every file one save leaves (a hard link once); peak extra RSS: ``VmHWM`` (reset by
-``clear_refs``) minus the RSS before; step time: batch start -> end; slowdown at 1000 = stall / (1000 x step).
+The CLI trains ``reps + 2`` micro-batches (4 x 256) with a save after each, sync and async (the default), with
+:class:`SaveCost` on its command line: before each save it times MiniMind's save (fp16 export + resume dict) and a bare
+``torch.save`` of the dict Lightning assembled for the last save, alternately; after it, ours: the loop's wait
+(``ResumeCallback.save_seconds``, the stall; ÷ bare within a repetition) and the time until committed; ``os.sync()``
+after each, the first of each kind a warm-up, one more save profiled (cProfile). Bytes: every file a save leaves (a hard
+link once); peak extra RSS: ``VmHWM`` minus the RSS before; slowdown at 1000 = stall / (1000 x step). Targets: bytes
+<= 1.4x MiniMind's, async stall <= 0.2x bare, slowdown <= 1 %.
 """
 
 from __future__ import annotations
@@ -16,7 +14,6 @@ from __future__ import annotations
 import cProfile
 import ctypes
 import gc
-import json
 import os
 import pstats
 import resource
@@ -44,7 +41,8 @@ PROFILE_BUCKETS = {  # cProfile entries (a substring of file:function) -> where 
     "fsync (data, manifests, directory)": ("posix.fsync",),
     "os.replace / link over the previous file": ("posix.replace", "posix.link"),
     "write() into the page cache": ("'write' of '_io.BufferedWriter'", "'write' of '_io.TextIOWrapper'"),
-    "torch.save serialization": ("write_record", "write_end_of_file", "PyTorchFileWriter", "'dump' of '_pickle", "serialization.py"),
+    "torch.save serialization": ("write_record", "write_end_of_file", "PyTorchFileWriter", "'dump' of '_pickle",
+                                 "serialization.py"),
     "fp16 copy of the weights": ("'half' of",),
     "tensor copies (snapshot)": ("'clone' of", "'copy_' of", "'to' of", "'cpu' of"),
 }
@@ -72,7 +70,8 @@ def thread_usage() -> tuple[float, float, int]:
 def buckets(prof: cProfile.Profile, total: float) -> dict[str, float]:
     spent = dict.fromkeys(PROFILE_BUCKETS, 0.0)
     for (filename, _, name), (_, _, tottime, _, _) in pstats.Stats(prof).stats.items():  # type: ignore[attr-defined]
-        bucket = next((b for b, needles in PROFILE_BUCKETS.items() if any(n in f"{filename}:{name}" for n in needles)), None)
+        where = f"{filename}:{name}"
+        bucket = next((b for b, needles in PROFILE_BUCKETS.items() if any(n in where for n in needles)), None)
         if bucket:
             spent[bucket] += tottime
     return {**spent, "everything else": max(0.0, total - sum(spent.values())), "total": total}
@@ -119,8 +118,9 @@ class SaveCost(L.Callback):
         def minimind() -> None:
             weights = {k: v.detach().half().cpu() for k, v in pl_module.model.state_dict().items()}
             torch.save(weights, self.out / "minimind" / f"{stem}.pth")
-            torch.save({"model": weights, "optimizer": optimizer.state_dict(), "epoch": trainer.current_epoch, "step": self.batch,
-                        "world_size": 1, "wandb_id": None, "scaler": {}}, self.out / "minimind" / f"{stem}_resume.pth")
+            torch.save({"model": weights, "optimizer": optimizer.state_dict(), "epoch": trainer.current_epoch,
+                        "step": self.batch, "world_size": 1, "wandb_id": None, "scaler": {}},
+                       self.out / "minimind" / f"{stem}_resume.pth")
 
         def bare() -> None:
             torch.save(self.checkpoint, self.out / "bare" / f"{stem}.ckpt")
@@ -175,22 +175,23 @@ def digest_rates(mib: int) -> dict[str, float]:
     import hashlib
 
     buf = os.urandom(mib << 20)
-    work: dict[str, Callable[[], Any]] = {"sha256": lambda: hashlib.sha256(buf).digest(), "crc32 (zlib)": lambda: zlib.crc32(buf),
+    work: dict[str, Callable[[], Any]] = {"sha256": lambda: hashlib.sha256(buf).digest(),
+                                          "crc32 (zlib)": lambda: zlib.crc32(buf),
                                           "memory copy": lambda: bytearray(buf)}
     return {name: len(buf) / min(timeit.timeit(fn, number=1) for _ in range(3)) / 1e9 for name, fn in work.items()}
 
 
-def measure_mode(mode: str, hidden: int, layers: int, reps: int, quick: bool, data: Path, tok: Path, root: Path) -> dict[str, Any]:
+def measure_mode(mode: str, hidden: int, layers: int, reps: int, quick: bool, data: Path, tok: Path,
+                 root: Path) -> dict[str, Any]:
     work = root / mode
     for sub in ("minimind", "bare"):
         (work / sub).mkdir(parents=True)
     batch, seq = (2, 32) if quick else (4, 256)
-    flags = {"model.hidden_size": hidden, "model.num_hidden_layers": layers, "data.batch_size": batch, "data.max_seq_len": seq,
-             "trainer.max_steps": reps + 2, "resume.save_interval": 1, "resume.keep_last": 1,
-             "resume.async_save": str(mode == "async").lower()}
-    run = bc.launch(bc.fit_cmd(work, data, tok, flags, "--trainer.callbacks+=benchmarks.bench_checkpoint.SaveCost",
-                         f"--trainer.callbacks.out={work}"), work)
-    got = bc.event(run, "savecost")
+    flags = {**bc.model_flags(hidden, layers, seq, batch), "trainer.max_steps": reps + 2, "resume.save_interval": 1,
+             "resume.keep_last": 1, "resume.async_save": str(mode == "async").lower()}
+    cmd = bc.fit_cmd(work, data, tok, flags, "--trainer.callbacks+=benchmarks.bench_checkpoint.SaveCost",
+                     f"--trainer.callbacks.out={work}")
+    got = bc.event(bc.launch(cmd, work), "savecost")
     if got is None:
         raise RuntimeError(f"the save probe reported nothing ({mode}, {hidden}x{layers})")
     return {**got, "step_batch": [batch, seq], "bytes_ours": written_files(work / "checkpoints", work / "out"),
@@ -199,10 +200,12 @@ def measure_mode(mode: str, hidden: int, layers: int, reps: int, quick: bool, da
 
 def summarize_mode(raw: dict[str, Any]) -> dict[str, Any]:
     t = raw["times"]
-    return {"save_s": bc.stats(t["ours"]), "save_and_write_s": bc.stats(t["ours_written"]), "bare_torch_save_s": bc.stats(t["bare"]),
-            "minimind_save_s": bc.stats(t["minimind"]), "stall_ratio": bc.stats([o / b for o, b in zip(t["ours"], t["bare"])]),
+    return {"save_s": bc.stats(t["ours"]), "save_and_write_s": bc.stats(t["ours_written"]),
+            "bare_torch_save_s": bc.stats(t["bare"]), "minimind_save_s": bc.stats(t["minimind"]),
+            "stall_ratio": bc.stats([o / b for o, b in zip(t["ours"], t["bare"])]),
             # CPU time of the training thread around the save (system time: mostly page faults of fresh memory)
-            "stall_cpu_user_s": bc.stats(t["ours_user"]), "stall_cpu_sys_s": bc.stats(t["ours_sys"]), "stall_minor_faults": bc.stats(t["ours_minflt"]),
+            "stall_cpu_user_s": bc.stats(t["ours_user"]), "stall_cpu_sys_s": bc.stats(t["ours_sys"]),
+            "stall_minor_faults": bc.stats(t["ours_minflt"]),
             "stall_ratio_vs_minimind": bc.stats([o / m for o, m in zip(t["ours"], t["minimind"])]),
             "bytes_ours": raw["bytes_ours"]["total"], "peak_extra_rss_bytes": raw["rss"]["ours"],
             "snapshot_bytes": raw["snapshot_bytes"]}  # held between saves (async), reused by the next one
@@ -220,77 +223,77 @@ def measure(hidden: int, layers: int, reps: int, quick: bool, data: Path, tok: P
     modes = {mode: summarize_mode(r) for mode, r in raw.items()}
     head, ours, mm = modes["async"], raw["async"]["bytes_ours"], raw["async"]["bytes_minimind"]
     ckpt = sum(v for k, v in ours["files"].items() if k.endswith(".ckpt"))
-    step, save_s = raw["async"]["step_s"], head["save_s"]["median"]
+    step, save_s, size_ratio = raw["async"]["step_s"], head["save_s"]["median"], ours["total"] / mm["total"]
     slowdown = save_s / (SAVE_INTERVAL * step)
     return {
-        "model": name, "hidden_size": hidden, "num_hidden_layers": layers, "params": raw["async"]["params"], "save_mode": "async",
-        "save_s": head["save_s"], "bare_torch_save_s": head["bare_torch_save_s"], "async_stall_ratio": head["stall_ratio"],
-        "minimind_save_s": head["minimind_save_s"], "target_stall_ratio": TARGET_STALL_RATIO,
+        "model": name, "hidden_size": hidden, "num_hidden_layers": layers, "params": raw["async"]["params"],
+        "save_mode": "async", "save_s": head["save_s"], "bare_torch_save_s": head["bare_torch_save_s"],
+        "async_stall_ratio": head["stall_ratio"], "minimind_save_s": head["minimind_save_s"],
+        "target_stall_ratio": TARGET_STALL_RATIO,
         "target_stall_ratio_met": head["stall_ratio"]["median"] <= TARGET_STALL_RATIO,
-        "bytes_ours": ours["total"], "bytes_minimind": mm["total"], "bytes_ratio_vs_minimind": ours["total"] / mm["total"],
-        "target_bytes_ratio": TARGET_BYTES_RATIO, "target_bytes_ratio_met": ours["total"] / mm["total"] <= TARGET_BYTES_RATIO,
+        "bytes_ours": ours["total"], "bytes_minimind": mm["total"], "bytes_ratio_vs_minimind": size_ratio,
+        "target_bytes_ratio": TARGET_BYTES_RATIO, "target_bytes_ratio_met": size_ratio <= TARGET_BYTES_RATIO,
         "bytes": {"ours_files": ours["files"], "ours_hard_links": ours["hard_links"], "ours_data": ours["data"],
                   "ours_manifests": ours["manifests"], "ours_ckpt": ckpt, "ours_export": ours["data"] - ckpt,
-                  "resume_is_hard_link_to_ckpt": any(a.endswith("_resume.pth") and b.endswith(".ckpt") for a, b in ours["hard_links"]),
+                  "resume_is_hard_link_to_ckpt": any(a.endswith("_resume.pth") and b.endswith(".ckpt")
+                                                     for a, b in ours["hard_links"]),
                   "minimind_files": mm["files"], "bare_ckpt": raw["async"]["bytes_bare"]["total"]},
-        "modes": modes, "step_s": step, "step_batch": raw["async"]["step_batch"], "slowdown_at_save_interval_1000": slowdown,
-        "target_slowdown": TARGET_SLOWDOWN, "target_slowdown_met": slowdown <= TARGET_SLOWDOWN,
+        "modes": modes, "step_s": step, "step_batch": raw["async"]["step_batch"],
+        "slowdown_at_save_interval_1000": slowdown, "target_slowdown": TARGET_SLOWDOWN,
+        "target_slowdown_met": slowdown <= TARGET_SLOWDOWN,
         "break_even_step_s_for_1pct": save_s / (SAVE_INTERVAL * TARGET_SLOWDOWN), "rss_method": "VmHWM",
         "peak_extra_rss_bytes": {"minimind": raw["sync"]["rss"]["minimind"], "bare": raw["sync"]["rss"]["bare"],
                                  **{f"ours_{m}": r["rss"]["ours"] for m, r in raw.items()}},
-        "profile_s": {"minimind": raw["sync"]["profile"]["minimind"], **{f"ours_{m}": r["profile"]["ours"] for m, r in raw.items()}},
+        "profile_s": {"minimind": raw["sync"]["profile"]["minimind"],
+                      **{f"ours_{m}": r["profile"]["ours"] for m, r in raw.items()}},
     }
 
 
 def render(results: list[dict[str, Any]]) -> tuple[str, str, str]:
-    mb = 1 / 2**20
+    mib = lambda n: f"{n / 2**20:.0f}"
+    yes = lambda met: "yes" if met else "NO"
     rows, rows2 = [], []
     for r in results:
         m, rss, b = r["modes"], r["peak_extra_rss_bytes"], r["bytes"]
-        rows.append([r["model"], f"{r['params'] / 1e6:.1f}M", f"{r['bytes_ours'] * mb:.0f} / {r['bytes_minimind'] * mb:.0f}",
-                     f"**{r['bytes_ratio_vs_minimind']:.2f}** (≤ {r['target_bytes_ratio']}: {'yes' if r['target_bytes_ratio_met'] else 'NO'})",
-                     bc.spread(r["minimind_save_s"]), bc.spread(r["bare_torch_save_s"]),
-                     f"{bc.spread(m['sync']['save_s'])}, ×{m['sync']['stall_ratio']['median']:.2f}",
-                     f"{bc.spread(m['async']['save_s'])}, **×{m['async']['stall_ratio']['median']:.2f}**",
-                     f"{rss['minimind'] * mb:.0f} / {rss['ours_sync'] * mb:.0f} / {rss['ours_async'] * mb:.0f}"])
-        rows2.append([r["model"], f"{b['ours_ckpt'] * mb:.0f} + {b['ours_export'] * mb:.0f} (+{b['ours_manifests']} B manifests)",
-                      f"{b['bare_ckpt'] * mb:.0f}", f"{m['async']['snapshot_bytes'] * mb:.0f}",
-                      f"×{m['sync']['stall_ratio_vs_minimind']['median']:.2f}", f"{m['async']['save_and_write_s']['median']:.3f}",
-                      " / ".join(f"{m[k]['stall_cpu_user_s']['median']:.2f} + {m[k]['stall_cpu_sys_s']['median']:.2f}" for k in ("sync", "async")),
+        rows.append([r["model"], f"{r['params'] / 1e6:.1f}M", f"{mib(r['bytes_ours'])} / {mib(r['bytes_minimind'])}",
+                     f"**{r['bytes_ratio_vs_minimind']:.2f}** (≤ {r['target_bytes_ratio']}: "
+                     f"{yes(r['target_bytes_ratio_met'])})", bc.spread(r["minimind_save_s"]),
+                     bc.spread(r["bare_torch_save_s"]), f"{bc.spread(m['sync']['save_s'])}, "
+                     f"×{m['sync']['stall_ratio']['median']:.2f}", f"{bc.spread(m['async']['save_s'])}, "
+                     f"**×{m['async']['stall_ratio']['median']:.2f}**",
+                     " / ".join(mib(rss[k]) for k in ("minimind", "ours_sync", "ours_async"))])
+        cpu = " / ".join(f"{m[k]['stall_cpu_user_s']['median']:.2f} + {m[k]['stall_cpu_sys_s']['median']:.2f}"
+                         for k in ("sync", "async"))
+        rows2.append([r["model"], f"{mib(b['ours_ckpt'])} + {mib(b['ours_export'])} (+{b['ours_manifests']} B "
+                      "manifests)", mib(b["bare_ckpt"]), mib(m["async"]["snapshot_bytes"]),
+                      f"×{m['sync']['stall_ratio_vs_minimind']['median']:.2f}",
+                      f"{m['async']['save_and_write_s']['median']:.3f}", cpu,
                       f"{r['step_s']:.3f} ({r['step_batch'][0]}x{r['step_batch'][1]})",
-                      f"**{100 * r['slowdown_at_save_interval_1000']:.3f}%** ({'yes' if r['target_slowdown_met'] else 'NO'})",
+                      f"**{100 * r['slowdown_at_save_interval_1000']:.3f}%** ({yes(r['target_slowdown_met'])})",
                       f"{r['break_even_step_s_for_1pct']:.3f}"])
-    main = bc.table(["model", "params", "MiB per save ours / MiniMind", "bytes ours ÷ MiniMind", "MiniMind save s med (min–max)",
-                  "bare torch.save s", "ours sync: stall s, ÷ bare", "ours async: stall s, ÷ bare",
-                  "peak extra RSS MiB MiniMind / ours sync / async"], rows)
+    main = bc.table(["model", "params", "MiB per save ours / MiniMind", "bytes ours ÷ MiniMind",
+                     "MiniMind save s med (min–max)", "bare torch.save s", "ours sync: stall s, ÷ bare",
+                     "ours async: stall s, ÷ bare", "peak extra RSS MiB MiniMind / ours sync / async"], rows)
     detail = bc.table(["model", "ours MiB: .ckpt + export", "bare .ckpt MiB", "async snapshot held between saves MiB",
-                    "ours sync ÷ MiniMind save", "async save + write s", "stall CPU user + sys s, sync / async", "step s (batch)",
-                    "slowdown @1000, async (≤ 1%)", "1% break-even step s"], rows2)
+                       "ours sync ÷ MiniMind save", "async save + write s", "stall CPU user + sys s, sync / async",
+                       "step s (batch)", "slowdown @1000, async (≤ 1%)", "1% break-even step s"], rows2)
     sides = [(r, side) for r in results for side in r["profile_s"]]
     profile = bc.table(["one save (cProfile, training thread), s"] + [f"{r['model']} {side}" for r, side in sides],
-                    [[bk] + [f"{r['profile_s'][side][bk]:.3f}" for r, side in sides] for bk in [*PROFILE_BUCKETS, "everything else", "total"]])
+                       [[bk] + [f"{r['profile_s'][side][bk]:.3f}" for r, side in sides]
+                        for bk in [*PROFILE_BUCKETS, "everything else", "total"]])
     return main, detail, profile
 
 
 def plot(p: dict[str, Any], path: Path) -> Path:
-    plt, results = bc.pyplot(), p["results"]
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 3.4), gridspec_kw={"width_ratios": [3, 1.3]})
     keys = [("minimind_save_s", "sync", "MiniMind save (2 files)"), ("bare_torch_save_s", "sync", "bare torch.save"),
-            ("save_s", "sync", "ResumeCallback.save, sync"), ("save_s", "async", "ResumeCallback.save, async (stall)"),
-            ("save_and_write_s", "async", "async save + background write")]
-    width = 0.8 / max(1, len(results))
-    for i, r in enumerate(results):
-        vals = [r["modes"][mode][key] for key, mode, _ in keys]
-        ax.barh([j + i * width for j in range(len(keys))], [v["median"] for v in vals], width, capsize=2,
-                xerr=[[v["median"] - v["min"] for v in vals], [v["max"] - v["median"] for v in vals]], label=f"{r['model']} ({r['params'] / 1e6:.0f}M)")
-        bx.bar([i * width, 1 + i * width], [r["bytes_minimind"] / 2**20, r["bytes_ours"] / 2**20], width)
-    ax.set_yticks([j + width * (len(results) - 1) / 2 for j in range(len(keys))], [k[2] for k in keys], fontsize=8)
-    ax.invert_yaxis()
-    ax.set(xlabel="seconds per save (median, min–max)", title="checkpoint save: training-loop stall")
-    ax.legend(fontsize=8)
-    bx.set_xticks([width * (len(results) - 1) / 2, 1 + width * (len(results) - 1) / 2], ["MiniMind", "ours"])
-    bx.set(ylabel="MiB written per save", title="bytes per save")
-    return bc.save_figure(fig, path)
+            ("save_s", "sync", "ours, sync"), ("save_s", "async", "ours, async (stall)"),
+            ("save_and_write_s", "async", "ours, async save + background write")]
+    seconds = [(f"{r['model']}: {label}", r["modes"][mode][key], f"C{i}") for r in p["results"]
+               for i, (key, mode, label) in enumerate(keys)]
+    size = [(f"{r['model']}: {who}", r[key] / 2**20, "tab:gray" if who == "MiniMind" else "tab:orange")
+            for r in p["results"] for who, key in (("MiniMind", "bytes_minimind"), ("ours", "bytes_ours"))]
+    return bc.chart(path, ("checkpoint save: training-loop stall", "seconds per save (median, min–max)", seconds),
+                    ("bytes per save", "MiB written per save", size))
 
 
 def run(quick: bool = False, reps: int | None = None) -> dict[str, Any]:
@@ -299,9 +302,10 @@ def run(quick: bool = False, reps: int | None = None) -> dict[str, Any]:
     results = [measure(h, n, reps, quick, data, tok) for h, n in (QUICK_SIZES if quick else FULL_SIZES)]
     main, detail, profile = render(results)
     rates = digest_rates(8 if quick else 64)
-    return {"reps": reps, "disk_dir": bc.rel(bc.cache_dir()), "async_save_available": True, "results": results, "table": main,
-            "detail_table": detail, "profile_table": profile, "rates_gb_per_s": rates,
-            "rates_verdict": "per-byte work on this machine: " + json.dumps({k: round(v, 2) for k, v in rates.items()})}
+    return {"reps": reps, "disk_dir": bc.rel(bc.cache_dir()), "async_save_available": True, "results": results,
+            "table": main, "detail_table": detail, "rates_gb_per_s": rates,
+            "rates_verdict": "Per-byte work on this machine: "
+            + ", ".join(f"{k} {v:.2f} GB/s" for k, v in rates.items()) + ".", "profile_table": profile}
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 
 One prepared script for one CUDA GPU: an 8-minute deadline (what is not done by then is reported as not run, exit 1),
 each child at most 120 s; MiniMind's pretraining shape (768x8, seq 340, batch 32, bf16-mixed) on long synthetic texts.
-(a) tokens/s and MFU (6 x params x tokens/s / the dense bf16 peak) of the CLI with :class:`benchmarks.probes.Probe` vs
-:func:`benchmarks.probes.plain_loop` and vs ``--trainer.deterministic false`` (:func:`benchmarks.bench_overhead.compare`);
+(a) tokens/s and MFU (6 x params x tokens/s / the dense bf16 peak) of the CLI with :class:`benchmarks.probes.Probe`
+vs :func:`benchmarks.probes.plain_loop` and vs ``--trainer.deterministic false`` (``bench_overhead.compare``);
 (b) kill + resume bit for bit, bf16-mixed and 16-mixed: a run that SIGKILLs itself once its first save is written
 (``Probe(kill_after_commit=True)``), resumed with ``--ckpt_path last``, against an uninterrupted one (export,
 ``state_dict``, optimizer, scaler, data position, console lines); (c) two uninterrupted runs, and async vs
@@ -15,12 +15,11 @@ synchronized before it) and the timed window's excess per save. ``--quick``: a C
 from __future__ import annotations
 
 import re
-import shutil
 import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +27,7 @@ from benchmarks import common as bc
 from benchmarks.bench_overhead import Config, compare
 
 NAME = "gpu"
-ARGS = [(["--jobs"], {"type": int, "default": None, "help": "(b)-(d) runs at once (default 1; quick 2)"}),
-        (["--peak-tflops"], {"type": float, "default": None, "help": "the device's dense bf16 peak in TFLOPS, for MFU"})]
+ARGS = [(["--peak-tflops"], {"type": float, "default": None, "help": "the device's dense bf16 peak (TFLOPS), for MFU"})]
 # dense (no sparsity) bf16 tensor-core peak by a substring of torch.cuda.get_device_name(); first match wins
 PEAK_BF16_FLOPS = [("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("H200", 989e12), ("A100", 312e12)]
 NO_GPU = ("bench_gpu: no CUDA device (torch.cuda.is_available() is False); this benchmark needs one GPU "
@@ -44,7 +42,7 @@ class Spec:
     resume_log_interval: int
     lines: int  # synthetic jsonl
     reps: int
-    precisions: list[tuple[str, list[str]]] = field(default_factory=list)  # (label, CLI flags) of (b): the main one first
+    precisions: list[tuple[str, list[str]]]  # (label, CLI flags) of (b): the main one first
     jobs: int = 1  # (b)-(d) runs at once (GPU: 1, the stall is timed)
     child_timeout_s: float = 120.0
     deadline_s: float = 480.0  # later children are not started, and reported as not run
@@ -69,15 +67,17 @@ def child_timeout() -> float:
 
 
 def peak_flops(device: str, override_tflops: float | None = None) -> float | None:
-    return override_tflops * 1e12 if override_tflops else next((f for key, f in PEAK_BF16_FLOPS if key.lower() in device.lower()), None)
+    known = next((f for key, f in PEAK_BF16_FLOPS if key.lower() in device.lower()), None)
+    return override_tflops * 1e12 if override_tflops else known
 
 
 def bitwise_equal(a: Any, b: Any) -> bool:
     import torch
 
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape
-                and torch.equal(a.reshape(-1).contiguous().view(torch.uint8), b.reshape(-1).contiguous().view(torch.uint8)))
+        raw = lambda t: t.reshape(-1).contiguous().view(torch.uint8)
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype
+                and a.shape == b.shape and torch.equal(raw(a), raw(b)))
     if isinstance(a, dict):
         return isinstance(b, dict) and a.keys() == b.keys() and all(bitwise_equal(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):
@@ -90,75 +90,75 @@ def compare_runs(a: dict[str, Any], b: dict[str, Any], stem: str) -> dict[str, A
     lines both printed of two runs."""
     import torch
 
-    load = lambda d, sub, name: torch.load(d / sub / name, map_location="cpu", weights_only=True)  # noqa: E731
-    ea, eb = (load(r["dir"], "out", f"{stem}.pth") for r in (a, b))
-    ra, rb = (load(r["dir"], "checkpoints", f"{stem}_resume.pth") for r in (a, b))
+    load = lambda r, sub, name: torch.load(r["dir"] / sub / name, map_location="cpu", weights_only=True)
+    ea, eb = (load(r, "out", f"{stem}.pth") for r in (a, b))
+    ra, rb = (load(r, "checkpoints", f"{stem}_resume.pth") for r in (a, b))
+    sa, sb = ra["state_dict"], rb["state_dict"]
     common = sorted(set(a["lines"]) & set(b["lines"]))
-    diffs = [float((x.float() - rb["state_dict"][k].float()).abs().max()) for k, x in ra["state_dict"].items()
-             if x.is_floating_point() and x.numel() and k in rb["state_dict"] and x.shape == rb["state_dict"][k].shape]
-    out = {"export_equal": bitwise_equal(ea, eb), "state_dict_equal": bitwise_equal(ra["state_dict"], rb["state_dict"]),
-           "optimizer_equal": bitwise_equal(ra.get("optimizer_states"), rb.get("optimizer_states")),
-           "scaler_equal": bitwise_equal(ra.get("scaler"), rb.get("scaler")),
-           "data_position_equal": bitwise_equal(ra.get("MiniMindDataModule"), rb.get("MiniMindDataModule")),
-           "global_step": [ra.get("global_step"), rb.get("global_step")], "state_dict_max_abs_diff": max(diffs, default=None),
-           "console_lines_compared": len(common), "console_lines_equal": all(a["lines"][k] == b["lines"][k] for k in common),
-           "tensors": len(ra["state_dict"])}
-    out["identical"] = all(out[k] for k in ("export_equal", "state_dict_equal", "optimizer_equal", "scaler_equal",
-                                            "data_position_equal", "console_lines_equal")) \
-        and out["global_step"][0] == out["global_step"][1] and len(common) > 0
+    diffs = [float((x.float() - sb[k].float()).abs().max()) for k, x in sa.items()
+             if x.is_floating_point() and x.numel() and k in sb and x.shape == sb[k].shape]
+    out = {"export_equal": bitwise_equal(ea, eb), "state_dict_equal": bitwise_equal(sa, sb),
+           **{f"{name}_equal": bitwise_equal(ra.get(key), rb.get(key)) for name, key in (
+               ("optimizer", "optimizer_states"), ("scaler", "scaler"), ("data_position", "MiniMindDataModule"))},
+           "global_step": [ra.get("global_step"), rb.get("global_step")],
+           "state_dict_max_abs_diff": max(diffs, default=None), "console_lines_compared": len(common),
+           "console_lines_equal": all(a["lines"][k] == b["lines"][k] for k in common), "tensors": len(sa)}
+    out["identical"] = all(out[k] for k in out if k.endswith("_equal")) and len(common) > 0 \
+        and out["global_step"][0] == out["global_step"][1]
     return out
 
 
 def throughput_phase(spec: Spec, data: Path, tok: Path, reps: int, peak: float | None) -> dict[str, Any]:
     cfg = spec.cfg
-    runs = compare(cfg, ["plain", "port", "port_nondeterministic"], data, tok, reps, warmup=False, label="a: throughput",
-                   timeout=child_timeout)
-    params = runs["port"][0]["params"]
-    ratio = lambda a, b: bc.stats([x["tokens_per_s"] / y["tokens_per_s"] for x, y in zip(runs[a], runs[b])])  # noqa: E731
-    sides = {side: {"tokens_per_s": (tps := bc.stats([r["tokens_per_s"] for r in rs])), "ms_per_batch": 1000 * cfg.tokens_per_batch / tps["median"],
-                    "mfu": 6 * params * tps["median"] / peak if peak else None, "last_loss": [r["last_loss"] for r in rs],
-                    "peak_memory_bytes": max(r["peak_memory_bytes"] or 0 for r in rs) or None, "deterministic": rs[0]["deterministic"]}
-             for side, rs in runs.items()}
-    return {"config": asdict(cfg), "params": params, "device": runs["port"][0]["device"], "peak_bf16_flops": peak, "sides": sides,
-            "port_over_plain": ratio("port", "plain"), "nondeterministic_over_default": ratio("port_nondeterministic", "port"),
-            "last_loss_diff_port_plain": max(abs(p["last_loss"] - q["last_loss"]) for p, q in zip(runs["port"], runs["plain"]))}
+    runs = compare(cfg, ["plain", "port", "port_nondeterministic"], data, tok, reps, warmup=False,
+                   label="a: throughput", timeout=child_timeout)
+    params, sides = runs["port"][0]["params"], {}
+    for side, rs in runs.items():
+        tps = bc.stats([r["tokens_per_s"] for r in rs])
+        sides[side] = {"tokens_per_s": tps, "ms_per_batch": 1000 * cfg.tokens_per_batch / tps["median"],
+                       "mfu": 6 * params * tps["median"] / peak if peak else None,
+                       "last_loss": [r["last_loss"] for r in rs], "deterministic": rs[0]["deterministic"],
+                       "peak_memory_bytes": max(r["peak_memory_bytes"] or 0 for r in rs) or None}
+    ratio = lambda a, b: bc.stats([x["tokens_per_s"] / y["tokens_per_s"] for x, y in zip(runs[a], runs[b])])
+    return {"config": asdict(cfg), "params": params, "device": runs["port"][0]["device"], "peak_bf16_flops": peak,
+            "sides": sides, "port_over_plain": ratio("port", "plain"),
+            "nondeterministic_over_default": ratio("port_nondeterministic", "port"),
+            "last_loss_diff_port_plain": max(abs(p["last_loss"] - q["last_loss"])
+                                             for p, q in zip(runs["port"], runs["plain"]))}
 
 
-def exactness_phase(spec: Spec, data: Path, tok: Path, work: Path, jobs: int) -> dict[str, Any]:
+def exactness_phase(spec: Spec, data: Path, tok: Path, work: Path) -> dict[str, Any]:
     from lit_minimind.checkpoint.names import checkpoint_stem
 
     cfg, stem = spec.cfg, checkpoint_stem("pretrain", spec.cfg.hidden_size, False)
-    (main_label, main_flags), (fp16_label, fp16_flags) = spec.precisions
-    flags = {"model.hidden_size": cfg.hidden_size, "model.num_hidden_layers": cfg.num_hidden_layers,
-             "model.learning_rate": cfg.learning_rate, "data.max_seq_len": cfg.max_seq_len, "data.batch_size": cfg.batch_size,
-             "data.num_workers": cfg.num_workers, "trainer.accelerator": cfg.accelerator, "trainer.max_steps": spec.resume_steps,
+    (main_label, main), (fp16_label, fp16) = spec.precisions
+    flags = {**bc.model_flags(cfg.hidden_size, cfg.num_hidden_layers, cfg.max_seq_len, cfg.batch_size),
+             "model.learning_rate": cfg.learning_rate, "data.num_workers": cfg.num_workers,
+             "trainer.accelerator": cfg.accelerator, "trainer.max_steps": spec.resume_steps,
              "log_interval": spec.resume_log_interval, "resume.save_interval": spec.save_interval}
 
-    def cli(d: Path, precision: list[str], *extra: str, kill: bool = False) -> dict[str, Any]:
-        run = bc.launch(bc.fit_cmd(d, data, tok, flags, *precision, *extra, *bc.probe(warmup=cfg.warmup_batches, sync_every=spec.save_interval,
-                                                                            kill_after_commit=kill)),
-                     d, timeout=child_timeout(), check=not kill)
+    def cli(name: str, precision: list[str], *extra: str, kill: bool = False) -> dict[str, Any]:
+        probe = bc.probe(warmup=cfg.warmup_batches, sync_every=spec.save_interval, kill_after_commit=kill)
+        cmd = bc.fit_cmd(work / name, data, tok, flags, *precision, *extra, *probe)
+        run = bc.launch(cmd, work / name, timeout=child_timeout(), check=not kill)
         if kill and not (bc.event(run, "committed") and run["returncode"] == -9):
             raise RuntimeError(f"the run was to kill itself after its first save (exit {run['returncode']}):\n"
-                               + "".join(line for _, line in run["lines"][-20:]))
-        return {**run, "dir": d, "lines": bc.console(run), "probe": bc.event(run, "end")}
-
-    def uninterrupted(name: str, precision: list[str], *extra: str) -> dict[str, Any]:
-        return cli(work / name, precision, *extra)
+                               + bc.tail(run["lines"], 20))
+        return {**run, "dir": work / name, "lines": bc.console(run), "probe": bc.event(run, "end")}
 
     def kill_and_resume(name: str, precision: list[str]) -> dict[str, Any]:
-        killed = cli(work / name, precision, kill=True)
-        resumed = cli(work / name, precision, "--ckpt_path", "last")
+        killed, resumed = cli(name, precision, kill=True), cli(name, precision, "--ckpt_path", "last")
         lines = dict(killed["lines"])  # steps trained again after the resume must print the same line
         for key, value in resumed["lines"].items():
             lines[key] = value if lines.get(key, value) == value else ["differs between the killed and the resumed run"]
-        return {"dir": work / name, "killed": killed, "resumed": resumed, "lines": lines, "wall_s": killed["wall_s"] + resumed["wall_s"]}
+        return {"dir": work / name, "killed": killed, "resumed": resumed, "lines": lines,
+                "wall_s": killed["wall_s"] + resumed["wall_s"]}
 
     tasks = {  # the most important first: what the deadline cuts off is reported as not run
-        "main": lambda: uninterrupted("main", main_flags), "main_again": lambda: uninterrupted("main_again", main_flags),
-        "main_kill": lambda: kill_and_resume("main_kill", main_flags), "fp16": lambda: uninterrupted("fp16", fp16_flags),
-        "fp16_kill": lambda: kill_and_resume("fp16_kill", fp16_flags),
-        "main_sync_save": lambda: uninterrupted("main_sync_save", main_flags, "--resume.async_save", "false")}
+        "main": lambda: cli("main", main), "main_again": lambda: cli("main_again", main),
+        "main_kill": lambda: kill_and_resume("main_kill", main), "fp16": lambda: cli("fp16", fp16),
+        "fp16_kill": lambda: kill_and_resume("fp16_kill", fp16),
+        "main_sync_save": lambda: cli("main_sync_save", main, "--resume.async_save", "false")}
 
     def guarded(name: str) -> dict[str, Any]:
         try:
@@ -166,10 +166,11 @@ def exactness_phase(spec: Spec, data: Path, tok: Path, work: Path, jobs: int) ->
         except RuntimeError as err:  # a failed or timed-out child, the deadline included
             return {"error": str(err).splitlines()[0][:500], "wall_s": 0.0}
 
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        done = {name: future.result() for name, future in {n: pool.submit(guarded, n) for n in tasks}.items()}
+    with ThreadPoolExecutor(max_workers=spec.jobs) as pool:
+        done = dict(zip(tasks, pool.map(guarded, tasks)))
     for name, r in done.items():
-        bc.say(f"  [b-d: exactness, stall] {name}: " + (f"FAILED: {r['error']}" if "error" in r else f"done in {r['wall_s']:.0f} s"))
+        bc.say(f"  [b-d: exactness, stall] {name}: "
+               + (f"FAILED: {r['error']}" if "error" in r else f"done in {r['wall_s']:.0f} s"))
 
     def compared(ref: str, other: str, resumed: bool = False) -> dict[str, Any]:
         if errors := [f"{n}: {done[n]['error']}" for n in (ref, other) if "error" in done[n]]:
@@ -178,29 +179,30 @@ def exactness_phase(spec: Spec, data: Path, tok: Path, work: Path, jobs: int) ->
         if resumed:
             k = done[other]
             m = re.search(r"_s(\d+)_g(\d+)", bc.event(k["killed"], "committed")["path"])
+            steps = {run: [int(key.split(":")[1]) for key in k[run]["lines"]] for run in ("killed", "resumed")}
             out.update(killed_after_save_at_step=int(m[2]) if m else None,
-                       killed_at_last_console_step=max((int(key.split(":")[1]) for key in k["killed"]["lines"]), default=0),
-                       resumed_first_console_step=min((int(key.split(":")[1]) for key in k["resumed"]["lines"]), default=None))
+                       killed_at_last_console_step=max(steps["killed"], default=0),
+                       resumed_first_console_step=min(steps["resumed"], default=None))
         return out
 
     ckpts = sorted((work / "main" / "checkpoints").glob(f"{stem}_e*.ckpt"))
     export = work / "main" / "out" / f"{stem}.pth"
-    result = {"stem": stem, "steps": spec.resume_steps, "save_interval": spec.save_interval,
-              "resume": {main_label: compared("main", "main_kill", True), fp16_label: compared("fp16", "fp16_kill", True)},
-              "determinism": {"two_uninterrupted_runs": compared("main", "main_again"),
-                              "async_vs_sync_save": compared("main", "main_sync_save"),
-                              "deterministic_flags": ({k: done["main"]["probe"][k] for k in ("deterministic", "deterministic_warn_only")}
-                                                      if "error" not in done["main"] else None)},
-              "stall": {"runs": {n: done[n]["probe"] for n in ("main", "main_again", "main_sync_save") if "error" not in done[n]},
-                        "checkpoint_bytes": ckpts[-1].stat().st_size if ckpts else None,
-                        "export_bytes": export.stat().st_size if export.exists() else None}}
-    for d in work.iterdir():
-        shutil.rmtree(d, ignore_errors=True)
-    return result
+    ok = [n for n in ("main", "main_again", "main_sync_save") if "error" not in done[n]]
+    return {"stem": stem, "steps": spec.resume_steps, "save_interval": spec.save_interval,
+            "resume": {main_label: compared("main", "main_kill", True),
+                       fp16_label: compared("fp16", "fp16_kill", True)},
+            "determinism": {"two_uninterrupted_runs": compared("main", "main_again"),
+                            "async_vs_sync_save": compared("main", "main_sync_save"),
+                            "deterministic_flags": {k: done["main"]["probe"][k] for k in (
+                                "deterministic", "deterministic_warn_only")} if "main" in ok else None},
+            "stall": {"runs": {n: done[n]["probe"] for n in ok},
+                      "checkpoint_bytes": ckpts[-1].stat().st_size if ckpts else None,
+                      "export_bytes": export.stat().st_size if export.exists() else None}}
 
 
 def stall_summary(stall: dict[str, Any], base_s: float, warmup: int, save_interval: int) -> dict[str, Any]:
-    """Per save mode: the loop held in each save inside the timed window, and the window's excess over no-save batches."""
+    """Per save mode: the loop held in each save inside the timed window, and the window's excess over no-save
+    batches."""
     out: dict[str, Any] = {}
     for mode, names in (("async", ("main", "main_again")), ("sync", ("main_sync_save",))):
         held, excess = [], []
@@ -217,7 +219,7 @@ def stall_summary(stall: dict[str, Any], base_s: float, warmup: int, save_interv
 
 
 def render(payload: dict[str, Any]) -> str:
-    a, ex, yes = payload["throughput"], payload["exactness"], lambda b: "**yes**" if b else "**NO**"  # noqa: E731
+    a, ex, yes = payload["throughput"], payload["exactness"], lambda b: "**yes**" if b else "**NO**"
     out = [f"not run or failed: {e}" for e in payload["errors"]]
     if a is not None:
         labels = {"plain": "plain PyTorch loop (deterministic, as the port's default)",
@@ -225,75 +227,77 @@ def render(payload: dict[str, Any]) -> str:
                   "port_nondeterministic": "port, --trainer.deterministic false"}
         vs = {"plain": 1.0, "port": a["port_over_plain"]["median"],
               "port_nondeterministic": a["port_over_plain"]["median"] * a["nondeterministic_over_default"]["median"]}
-        rows = [[labels[side], f"{bc.fmt_num(r['tokens_per_s']['median'])} ({bc.fmt_num(r['tokens_per_s']['min'])}–{bc.fmt_num(r['tokens_per_s']['max'])})",
-                 f"{r['ms_per_batch']:.1f}", "–" if r["mfu"] is None else f"{100 * r['mfu']:.1f} %", f"{vs[side]:.3f}",
-                 f"{r['peak_memory_bytes'] / 2**30:.1f}" if r["peak_memory_bytes"] else "–"] for side, r in a["sides"].items()]
+        rows = [[labels[side], bc.spread(r["tokens_per_s"], fmt=bc.fmt_num), f"{r['ms_per_batch']:.1f}",
+                 "–" if r["mfu"] is None else f"{100 * r['mfu']:.1f} %", f"{vs[side]:.3f}",
+                 f"{r['peak_memory_bytes'] / 2**30:.1f}" if r["peak_memory_bytes"] else "–"]
+                for side, r in a["sides"].items()]
         peak = f"{a['peak_bf16_flops'] / 1e12:.0f} TFLOPS" if a["peak_bf16_flops"] else "unknown: no MFU"
-        out += [f"(a) throughput, {a['config']['name']}, {a['params'] / 1e6:.1f}M params, batch {a['config']['batch_size']}x"
-                f"{a['config']['max_seq_len']}, on {a['device']} (dense bf16 peak {peak})",
-                bc.table(["side", "tok/s med (min–max)", "ms / micro-batch", "MFU (6N)", "÷ plain", "peak GPU GiB"], rows),
+        out += [f"(a) throughput, {a['config']['name']}, {a['params'] / 1e6:.1f}M params, batch "
+                f"{a['config']['batch_size']}x{a['config']['max_seq_len']}, on {a['device']} (dense bf16 peak {peak})",
+                bc.table(["side", "tok/s med (min–max)", "ms / micro-batch", "MFU (6N)", "÷ plain", "peak GPU GiB"],
+                         rows),
                 f"Δ last loss port vs plain {a['last_loss_diff_port_plain']:.1e}", ""]
     if ex is not None:
-        rows = []
         checks = [(f"(b) kill + resume --ckpt_path last, {label}", r) for label, r in ex["resume"].items()]
         checks += [("(c) two uninterrupted runs, default deterministic", ex["determinism"]["two_uninterrupted_runs"]),
                    ("(c) async vs --resume.async_save false", ex["determinism"]["async_vs_sync_save"])]
+        rows = []
         for text, r in checks:
+            killed = (f"SIGKILL after the save at step {r['killed_after_save_at_step']} (console at step "
+                      f"{r['killed_at_last_console_step']}); ") if "killed_after_save_at_step" in r else ""
             detail = r.get("error", "")[:200] or (
-                (f"SIGKILL after the save at step {r['killed_after_save_at_step']} (console at step {r['killed_at_last_console_step']}); "
-                 if "killed_after_save_at_step" in r else "") + f"export {yes(r['export_equal'])}, state_dict {yes(r['state_dict_equal'])}, "
-                f"optimizer {yes(r['optimizer_equal'])}, scaler {yes(r['scaler_equal'])}, {r['console_lines_compared']} console lines "
-                f"equal {yes(r['console_lines_equal'])}, max |Δ| {r['state_dict_max_abs_diff']}")
+                f"{killed}export {yes(r['export_equal'])}, state_dict {yes(r['state_dict_equal'])}, optimizer "
+                f"{yes(r['optimizer_equal'])}, scaler {yes(r['scaler_equal'])}, {r['console_lines_compared']} console "
+                f"lines equal {yes(r['console_lines_equal'])}, max |Δ| {r['state_dict_max_abs_diff']}")
             rows.append([text, yes(r["identical"]), detail])
         out += [f"(b)/(c) bit-for-bit checks ({ex['steps']} steps, a save every {ex['save_interval']}):",
                 bc.table(["check", "identical", "detail"], rows), ""]
-        rows = [[mode, s["saves"], f"{s['held_s']['median']:.3f} ({s['held_s']['min']:.3f}–{s['held_s']['max']:.3f})",
-                 f"{s['window_excess_per_save_s']['median']:.3f}" if s["window_excess_per_save_s"]["n"] else "–",
+        rows = [[mode, s["saves"], bc.spread(s["held_s"]), f"{s['window_excess_per_save_s']['median']:.3f}",
                  f"{100 * s['slowdown_at_interval']:.2f} %"] for mode, s in (payload["save_stall"] or {}).items()]
         if rows:
-            out += [f"(d) save stall at --resume.save_interval {ex['save_interval']} (checkpoint {(ex['stall']['checkpoint_bytes'] or 0) / 2**20:.0f} "
-                    f"MiB + export {(ex['stall']['export_bytes'] or 0) / 2**20:.0f} MiB; no-save step {payload['base_ms_per_batch']:.1f} ms):",
+            mib = lambda key: (ex["stall"][key] or 0) / 2**20
+            out += [f"(d) save stall at --resume.save_interval {ex['save_interval']} (checkpoint "
+                    f"{mib('checkpoint_bytes'):.0f} MiB + export {mib('export_bytes'):.0f} MiB; no-save step "
+                    f"{payload['base_ms_per_batch']:.1f} ms):",
                     bc.table(["save", "saves timed", "loop held per save s med (min–max)", "window excess per save s",
-                           f"held ÷ {ex['save_interval']} steps"], rows)]
+                              f"held ÷ {ex['save_interval']} steps"], rows)]
     return "\n".join(out)
 
 
-def run(quick: bool = False, reps: int | None = None, jobs: int | None = None, peak_tflops: float | None = None) -> dict[str, Any]:
+def run(quick: bool = False, reps: int | None = None, peak_tflops: float | None = None) -> dict[str, Any]:
     import torch
 
     cuda = torch.cuda.is_available()
     if not cuda and not quick:
         raise bc.BenchError(NO_GPU)
     spec = QUICK if quick else GPU
-    reps, jobs, start = reps or spec.reps, jobs or spec.jobs, time.perf_counter()
+    reps, start = reps or spec.reps, time.perf_counter()
     DEADLINE.update(at=time.monotonic() + spec.deadline_s, child_s=spec.child_timeout_s)
     _, tok = bc.default_data()
     data = bc.synthetic_jsonl(spec.lines, 2400, 3000, seed=7)
     device = torch.cuda.get_device_name() if cuda and not quick else "CPU (--quick)"
     bc.say(f"  {spec.cfg.name} on {device}" + (" (--quick: CPU smoke test, not GPU results)" if quick else ""))
-    work = Path(tempfile.mkdtemp(prefix="bench-gpu-", dir=bc.cache_dir()))
     a, errors = None, []
-    try:
+    with tempfile.TemporaryDirectory(prefix="bench-gpu-", dir=bc.cache_dir(), ignore_cleanup_errors=True) as work:
         try:
-            a = throughput_phase(spec, data, tok, reps, peak_flops(device, peak_tflops) if not quick else None)
-        except (RuntimeError, AssertionError) as err:  # a failed or timed-out child: (b)-(d) still run, in what time is left
+            a = throughput_phase(spec, data, tok, reps, None if quick else peak_flops(device, peak_tflops))
+        except (RuntimeError, AssertionError) as err:  # a failed or timed-out child: (b)-(d) still run
             errors.append(f"(a) throughput: {str(err).splitlines()[0][:500]}")
-        ex = exactness_phase(spec, data, tok, work, jobs)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+        ex = exactness_phase(spec, data, tok, Path(work))
     base = a["sides"]["port"]["ms_per_batch"] / 1000 if a is not None else None
-    payload = {"results_file": "gpu_quick" if quick else "gpu", "gpu_results": not quick, "reps": reps, "jobs": jobs,
-               "cuda": torch.version.cuda, "device": device, "data": bc.rel(data), "tokenizer": bc.rel(tok), "spec": asdict(spec),
-               "throughput": a, "exactness": ex, "base_ms_per_batch": 1000 * base if base else None,
-               "save_stall": stall_summary(ex["stall"], base, spec.cfg.warmup_batches, spec.save_interval) if base else None,
-               "wall_s": time.perf_counter() - start, "deadline_s": spec.deadline_s, "child_timeout_s": spec.child_timeout_s,
-               "errors": errors}
+    payload = {"results_file": "gpu_quick" if quick else "gpu", "gpu_results": not quick, "reps": reps,
+               "jobs": spec.jobs, "cuda": torch.version.cuda, "device": device, "data": bc.rel(data),
+               "tokenizer": bc.rel(tok), "spec": asdict(spec), "throughput": a, "exactness": ex,
+               "base_ms_per_batch": 1000 * base if base else None,
+               "save_stall": base and stall_summary(ex["stall"], base, spec.cfg.warmup_batches, spec.save_interval),
+               "wall_s": time.perf_counter() - start, "deadline_s": spec.deadline_s,
+               "child_timeout_s": spec.child_timeout_s, "errors": errors}
     payload["all_identical"] = not errors and all(r["identical"] for r in ex["resume"].values()) and all(
         ex["determinism"][k]["identical"] for k in ("two_uninterrupted_runs", "async_vs_sync_save"))
     payload["exit_status"] = 0 if payload["all_identical"] else 1
     payload["table"] = render(payload)
-    payload["verdict"] = (f"{'quick CPU smoke test' if quick else 'GPU benchmark'}: {payload['wall_s']:.0f} s; every bit-for-bit "
-                          f"check {'passed' if payload['all_identical'] else 'did NOT pass'}")
+    payload["verdict"] = (f"{'quick CPU smoke test' if quick else 'GPU benchmark'}: {payload['wall_s']:.0f} s; every "
+                          f"bit-for-bit check {'passed' if payload['all_identical'] else 'did NOT pass'}")
     return payload
 
 

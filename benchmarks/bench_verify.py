@@ -1,11 +1,11 @@
 """Verifying a checkpoint without a manifest: ``verify_file`` vs a plain read + CRC-32 of the file.
 
-A ~500 MB resume-shaped ``torch.save`` file (fp16 weights, fp32 AdamW moments: ~200 records, random values) in the
-cache dir; each repetition times, rotated: ``read only`` (``readinto`` a 1 MiB buffer: the I/O floor), ``readinto +
-zlib.crc32`` (one CRC-32 of the file: **the baseline**), ``read + zlib.crc32`` (as a manifest check reads), ``zipfile.testzip``
-(every record's CRC-32) and ``verify_file`` (every record's CRC-32 and every other byte of the zip structure, one pass);
-``hot`` in the page cache, ``cold`` after ``posix_fadvise(DONTNEED)``. Also: the bytes ``verify_file`` reads
-(``/proc/self/io``) and ``zlib.crc32`` alone in memory.
+A ~500 MB resume-shaped ``torch.save`` file (random values) in the cache dir; rotated after a warm-up: ``read only``
+(``readinto`` a 1 MiB buffer), ``readinto + zlib.crc32`` (one CRC-32 of the file, what a manifest check needs: **the
+baseline**), ``read + zlib.crc32`` (as ``verify_manifest`` reads), ``zipfile.testzip`` (every record's CRC-32) and
+``verify_file`` (every record's CRC-32 and every other byte of the zip structure); speed = baseline time / variant
+time within a repetition; ``cold``: after ``posix_fadvise(DONTNEED)``. Also: the bytes ``verify_file`` reads, and
+``zlib.crc32`` alone in memory.
 """
 
 from __future__ import annotations
@@ -16,34 +16,28 @@ import tempfile
 import timeit
 import zipfile
 import zlib
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from benchmarks import common as bc
 
 NAME = "verify"
-FULL_MB, QUICK_MB = 500, 8
-BASELINE = "readinto + zlib.crc32"
-OURS = "verify_file"
+BASELINE, OURS = "readinto + zlib.crc32", "verify_file"
 
 
 def write_checkpoint(path: Path, megabytes: int) -> dict[str, int]:
-    """A resume-shaped checkpoint of about ``megabytes`` MB: 10 bytes per parameter (fp16 + 2 x fp32)."""
+    """A resume-shaped checkpoint of about ``megabytes`` MB: 10 bytes per parameter (fp16 + 2 x fp32), 24 layers."""
     import torch
 
     g = torch.Generator().manual_seed(0)
-    params = megabytes * 10**6 // 10
-    layers = 24
-    big = max(1, params // layers - 1024)
-    shapes = {f"model.layers.{i}.{name}": shape for i in range(layers)
+    big = max(1, megabytes * 10**6 // 10 // 24 - 1024)
+    shapes = {f"model.layers.{i}.{name}": shape for i in range(24)
               for name, shape in (("mlp.weight", (big,)), ("norm.weight", (1024,)))}
-    model = {k: torch.randn(s, generator=g).half() for k, s in shapes.items()}
     state = {i: {"step": torch.tensor(100.0), "exp_avg": torch.randn(s, generator=g),
                  "exp_avg_sq": torch.rand(s, generator=g)} for i, s in enumerate(shapes.values())}
-    optimizer = {"state": state, "param_groups": [{"lr": 5e-4, "betas": (0.9, 0.95), "weight_decay": 0.1,
-                                                   "params": list(range(len(shapes)))}]}
-    torch.save({"model": model, "optimizer": optimizer, "epoch": 0, "step": 100, "world_size": 1}, path)
+    groups = [{"lr": 5e-4, "betas": (0.9, 0.95), "weight_decay": 0.1, "params": list(range(len(shapes)))}]
+    torch.save({"model": {k: torch.randn(s, generator=g).half() for k, s in shapes.items()}, "epoch": 0, "step": 100,
+                "optimizer": {"state": state, "param_groups": groups}, "world_size": 1}, path)
     with open(path, "rb") as f:
         os.fsync(f.fileno())
     return {"bytes": path.stat().st_size, "records": len(zipfile.ZipFile(path).infolist())}
@@ -80,8 +74,8 @@ def verify(path: Path) -> None:
     verify_file(path)
 
 
-VARIANTS: dict[str, Callable[[Path], Any]] = {"read only": lambda p: readinto_crc32(p, crc=False), BASELINE: readinto_crc32,
-                                              "read + zlib.crc32": read_crc32, "zipfile.testzip": testzip, OURS: verify}
+VARIANTS = {"read only": lambda p: readinto_crc32(p, crc=False), BASELINE: readinto_crc32,
+            "read + zlib.crc32": read_crc32, "zipfile.testzip": testzip, OURS: verify}
 CACHES = {"hot": list(VARIANTS), "cold": ["read only", BASELINE, "read + zlib.crc32", OURS]}
 
 
@@ -91,12 +85,14 @@ def drop_cache(path: Path) -> None:
     os.close(fd)
 
 
-def bytes_read(fn: Callable[[], Any]) -> int | None:
-    """Bytes the process read (``rchar`` of ``/proc/self/io``) while ``fn`` ran; None where unavailable."""
-    rchar = lambda: next((int(line.split()[1]) for line in open("/proc/self/io") if line.startswith("rchar:")), None)  # noqa: E731
-    before = rchar() if os.path.exists("/proc/self/io") else None
-    fn()
-    return rchar() - before if before is not None else None
+def bytes_read(path: Path) -> int | None:
+    """Bytes the process read (``rchar`` of ``/proc/self/io``) while ``verify_file`` ran; None where unavailable."""
+    if not os.path.exists("/proc/self/io"):
+        return None
+    rchar = lambda: next(int(line.split()[1]) for line in open("/proc/self/io") if line.startswith("rchar:"))
+    before = rchar()
+    verify(path)
+    return rchar() - before
 
 
 def crc32_in_memory(mib: int) -> dict[str, float]:
@@ -132,22 +128,20 @@ def measure(path: Path, size: int, reps: int) -> dict[str, Any]:
 
 
 def render(payload: dict[str, Any]) -> str:
-    rows = [[cache, f"**{name}**" if name == OURS else name, bc.spread(r["gb_per_s"], 2), f"{r['s']['median']:.3f}",
-             "1 (baseline)" if name == BASELINE else f"**{bc.spread(r['speed_vs_baseline'], 2)}**" if name == OURS
-             else bc.spread(r["speed_vs_baseline"], 2)] for cache in CACHES for name, r in payload["results"][cache].items()]
-    return bc.table(["page cache", "variant", "GB/s med (min–max)", "s med", f"speed vs {BASELINE} med (min–max)"], rows)
-
-
-def plot(payload: dict[str, Any], path: Path) -> Path:
-    fig, ax = bc.pyplot().subplots(figsize=(8, 2.8))
-    bars = [(f"{name} ({cache})", r["gb_per_s"], "tab:orange" if name == OURS else {"hot": "tab:blue", "cold": "tab:gray"}[cache])
+    bold = lambda name, text: f"**{text}**" if name == OURS else text
+    rows = [[cache, bold(name, name), bc.spread(r["gb_per_s"], 2), f"{r['s']['median']:.3f}",
+             "1 (baseline)" if name == BASELINE else bold(name, bc.spread(r["speed_vs_baseline"], 2))]
             for cache in CACHES for name, r in payload["results"][cache].items()]
-    ax.barh(range(len(bars)), [g["median"] for _, g, _ in bars], color=[c for _, _, c in bars], capsize=2,
-            xerr=[[g["median"] - g["min"] for _, g, _ in bars], [g["max"] - g["median"] for _, g, _ in bars]])
-    ax.set_yticks(range(len(bars)), [label for label, _, _ in bars], fontsize=8)
-    ax.invert_yaxis()
-    ax.set(xlabel="GB/s (median, min–max)", title=f"checking a {payload['file_bytes'] / 1e6:.0f} MB checkpoint")
-    return bc.save_figure(fig, path)
+    return bc.table(["page cache", "variant", "GB/s med (min–max)", "s med", f"speed vs {BASELINE} med (min–max)"],
+                    rows)
+
+
+def plot(p: dict[str, Any], path: Path) -> Path:
+    color = lambda name, cache: "tab:orange" if name == OURS else "tab:blue" if cache == "hot" else "tab:gray"
+    rows = [(f"{name} ({cache})", r["gb_per_s"], color(name, cache))
+            for cache in CACHES for name, r in p["results"][cache].items()]
+    return bc.chart(path, (f"checking a {p['file_bytes'] / 1e6:.0f} MB checkpoint", "GB/s (median, min–max)", rows),
+                    width=8)
 
 
 def run(quick: bool = False, reps: int | None = None) -> dict[str, Any]:
@@ -156,13 +150,16 @@ def run(quick: bool = False, reps: int | None = None) -> dict[str, Any]:
     reps = reps or (2 if quick else 5)
     with tempfile.TemporaryDirectory(prefix="bench-verify-", dir=bc.cache_dir()) as tmp:
         path = Path(tmp) / "resume.pth"
-        shape = write_checkpoint(path, QUICK_MB if quick else FULL_MB)
-        measured = measure(path, shape["bytes"], reps)
-        read_by_verify = bytes_read(lambda: verify(path))
-    payload = {"reps": reps, "disk_dir": bc.rel(bc.cache_dir()), "file_bytes": shape["bytes"], "records": shape["records"],
-               "chunk_size": CHUNK_SIZE, **measured, "verify_bytes_read": read_by_verify,
-               "crc32_in_memory_gb_per_s": crc32_in_memory(8 if quick else 64)}
-    return {**payload, "table": render(payload)}
+        shape = write_checkpoint(path, 8 if quick else 500)
+        measured, read = measure(path, shape["bytes"], reps), bytes_read(path)
+    crc = crc32_in_memory(8 if quick else 64)
+    verdict = (f"`verify_file` read {read:,} bytes of the {shape['bytes']:,}-byte file ({shape['records']} records); "
+               if read is not None else "") + "`zlib.crc32` alone in memory: " + ", ".join(
+                   f"{k} {v:.2f} GB/s" for k, v in crc.items()) + "."
+    payload = {"reps": reps, "disk_dir": bc.rel(bc.cache_dir()), "file_bytes": shape["bytes"],
+               "records": shape["records"], "chunk_size": CHUNK_SIZE, **measured, "verify_bytes_read": read,
+               "crc32_in_memory_gb_per_s": crc}
+    return {**payload, "table": render(payload), "verdict": verdict}
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """What the benchmarks share: paths, statistics, tables, plots, the one subprocess runner (:func:`launch`) and the one
-command line (:func:`bench_main`). A benchmark module defines ``NAME``, ``run(quick, reps, **ARGS) -> payload`` (tables
-under keys ending in ``table``/``verdict``) and optionally ``plot(payload, path)``; :func:`execute` runs it, prints its
+command line (:func:`bench_main`). A benchmark module defines ``NAME``, a docstring (first line: its title; the rest:
+what it measures, the intro of its section in ``summary.md``), ``run(quick, reps, **ARGS) -> payload`` (tables under
+keys ending in ``table``/``verdict``) and optionally ``plot(payload, path)``; :func:`execute` runs it, prints its
 tables and writes ``results/<NAME>.json`` (+ ``.png``)."""
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -32,8 +33,8 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 # MiniMind's console line: epoch, epochs, step, iters, loss, logits_loss, aux_loss, lr
 CONSOLE_LINE_RE = re.compile(r"Epoch:\[(\d+)/(\d+)\]\((\d+)/(\d+)\), loss: ([\d.]+), logits_loss: ([\d.]+), "
                              r"aux_loss: ([\d.]+), lr: ([\d.]+)")
-SOUP_WORDS = ("the model data token layer attention resume checkpoint step a of and in to is that for it with as was on "
-              "训练 数据 模型 语言 的 是 在 \"quoted\" tab\there line\nbreak back\\slash").split(" ")
+SOUP_WORDS = ("the model data token layer attention resume checkpoint step a of and in to is that for it with as was "
+              "on 训练 数据 模型 语言 的 是 在 \"quoted\" tab\there line\nbreak back\\slash").split(" ")
 
 
 class BenchError(RuntimeError):
@@ -41,7 +42,7 @@ class BenchError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    """Generated inputs (corpus, tokenizer, jsonl files): ``$LIT_MINIMIND_CACHE`` or ``<repo>/.cache``, as the tests use."""
+    """Generated inputs (corpus, tokenizer, jsonl files): ``$LIT_MINIMIND_CACHE`` or ``<repo>/.cache``."""
     env = os.environ.get("LIT_MINIMIND_CACHE")
     path = Path(env).expanduser() if env else ROOT / ".cache"
     path.mkdir(parents=True, exist_ok=True)
@@ -50,7 +51,8 @@ def cache_dir() -> Path:
 
 def rel(path: Path | str) -> str:
     """``path`` relative to the repository when inside it (results files carry no machine paths)."""
-    return str(Path(path).resolve().relative_to(ROOT)) if Path(path).resolve().is_relative_to(ROOT) else str(path)
+    path = Path(path).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def default_data() -> tuple[Path, Path]:
@@ -71,12 +73,14 @@ def synthetic_jsonl(records: int, min_chars: int, max_chars: int, seed: int = 12
         if path.is_file():
             return path
     rng = np.random.default_rng(seed)
-    soup = " ".join(np.array(SOUP_WORDS, dtype=object)[rng.integers(0, len(SOUP_WORDS), size=max(2_000_000, max_chars))])
-    starts, lengths = rng.integers(0, len(soup) - max_chars, size=records), rng.integers(min_chars, max_chars + 1, size=records)
+    words = np.array(SOUP_WORDS, dtype=object)[rng.integers(0, len(SOUP_WORDS), size=max(2_000_000, max_chars))]
+    soup = " ".join(words)
+    starts = rng.integers(0, len(soup) - max_chars, size=records).tolist()
+    lengths = rng.integers(min_chars, max_chars + 1, size=records).tolist()
     with atomic_open(path, "w") as f:
         for first in range(0, records, 20_000):
-            f.write("".join(json.dumps({"text": soup[s:s + n]}, ensure_ascii=False) + "\n" for s, n in
-                            zip(starts[first:first + 20_000].tolist(), lengths[first:first + 20_000].tolist())))
+            f.write("".join(json.dumps({"text": soup[s:s + n]}, ensure_ascii=False) + "\n"
+                            for s, n in zip(starts[first:first + 20_000], lengths[first:first + 20_000])))
     return path
 
 
@@ -86,19 +90,20 @@ def stats(values: Sequence[float]) -> dict[str, Any]:
     return {"min": min(vals), "median": statistics.median(vals), "max": max(vals), "n": len(vals), "values": vals}
 
 
-def spread(s: dict[str, Any], digits: int = 3) -> str:
-    """``median (min–max)``."""
-    return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}–{s['max']:.{digits}f})"
+def fmt_num(x: float, digits: int = 3) -> str:
+    return "0" if x == 0 else f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.{digits}g}"
+
+
+def spread(s: dict[str, Any], digits: int = 3, fmt: Callable[[float], str] | None = None) -> str:
+    """``median (min–max)``, each with ``digits`` decimals or through ``fmt``."""
+    f = fmt or (lambda x: f"{x:.{digits}f}")
+    return f"{f(s['median'])} ({f(s['min'])}–{f(s['max'])})"
 
 
 def alternating(items: Sequence[Any], rep: int) -> list[Any]:
     """``items`` rotated by ``rep``: every item runs first, last and in between equally often (load drift cancels)."""
     k = rep % len(items)
     return list(items[k:]) + list(items[:k])
-
-
-def fmt_num(x: float, digits: int = 3) -> str:
-    return "0" if x == 0 else f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.{digits}g}"
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -114,29 +119,49 @@ def environment() -> dict[str, Any]:
     import lightning
     import torch
 
-    return {"date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "python": platform.python_version(),
-            "torch": torch.__version__, "lightning": lightning.__version__, "platform": platform.platform(),
-            "processor": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(), "loadavg_at_start": os.getloadavg()}
+    return {"date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "python": platform.python_version(), "torch": torch.__version__, "lightning": lightning.__version__,
+            "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "loadavg_at_start": os.getloadavg()}
 
 
 def write_json(path: Path, payload: dict[str, Any]) -> Path:
     return atomic_write_bytes(json.dumps(payload, indent=1, default=str) + "\n", path)
 
 
-def pyplot():
-    """matplotlib's pyplot on the non-interactive Agg backend."""
+def chart(path: Path, *panels: tuple, width: float = 10) -> Path:
+    """A figure of horizontal-bar panels side by side, each ``(title, xlabel, rows[, ax.set keywords])``, rows top to
+    bottom. A row ``(label, value, extra)``: ``value`` a number or a :func:`stats` dict (a bar at the median, min–max
+    as its error bar) in colour ``extra``, or a dict of segments stacked from ``extra`` (a colour per segment)."""
     import matplotlib
 
-    matplotlib.use("Agg")
-    return importlib.import_module("matplotlib.pyplot")
-
-
-def save_figure(fig: Any, path: Path) -> Path:
+    matplotlib.use("Agg")  # no display
+    plt = importlib.import_module("matplotlib.pyplot")
+    segments = lambda rows: list(dict.fromkeys(k for _, v, _ in rows if isinstance(v, dict) and "median" not in v
+                                               for k in v))
+    height = 1.2 + max(0.3 * len(p[2]) + 0.12 * len(segments(p[2])) for p in panels)
+    fig, axes = plt.subplots(1, len(panels), figsize=(width, height), squeeze=False)
+    for ax, (title, xlabel, rows, *more) in zip(axes[0], panels):
+        names = segments(rows)
+        for y, (_, value, extra) in enumerate(rows):
+            if isinstance(value, dict) and "median" not in value:
+                for k, v in value.items():
+                    ax.barh(y, v, left=extra, color=f"C{names.index(k) % 10}")
+                    extra += v
+            else:
+                s = value if isinstance(value, dict) else {"median": value, "min": value, "max": value}
+                ax.barh(y, s["median"], color=extra or "tab:blue", capsize=2,
+                        xerr=[[s["median"] - s["min"]], [s["max"] - s["median"]]])
+        ax.set_yticks(range(len(rows)), [r[0] for r in rows], fontsize=8)
+        ax.invert_yaxis()
+        ax.set(xlabel=xlabel, title=title, **(more[0] if more else {}))
+        if names:
+            handles = [plt.Rectangle((0, 0), 1, 1, color=f"C{i % 10}") for i in range(len(names))]
+            ax.legend(handles, names, fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    pyplot().close(fig)
+    fig.savefig(path, dpi=90, bbox_inches="tight")
+    plt.close(fig)
     return path
 
 
@@ -145,10 +170,8 @@ def say(*args: Any) -> None:
 
 
 def set_threads(n: int | None) -> int:
-    """Pin torch's intra-op threads, and those of child processes, to ``n`` (default 1).
-
-    On a small shared machine, 2 OpenMP threads next to another busy process make a matmul 10-15x slower
-    whenever one thread is descheduled at a barrier; one thread per process keeps the ratios stable."""
+    """Pin torch's intra-op threads, and those of child processes, to ``n`` (default 1): on a small shared machine
+    2 OpenMP threads next to a busy process make a matmul 10-15x slower (a thread descheduled at a barrier)."""
     import torch
 
     n = n or 1
@@ -178,10 +201,17 @@ def fit_cmd(work: Path, data: Path, tok: Path, flags: dict[str, Any], *extra: st
     return [sys.executable, "-m", "lit_minimind.fit", *(a for k, v in base.items() for a in (f"--{k}", str(v))), *extra]
 
 
+def model_flags(hidden: int, layers: int, seq: int, batch: int) -> dict[str, Any]:
+    """The CLI flags of a model and data shape."""
+    return {"model.hidden_size": hidden, "model.num_hidden_layers": layers, "data.max_seq_len": seq,
+            "data.batch_size": batch}
+
+
 def probe(**init_args: Any) -> list[str]:
     """The flags that add :class:`benchmarks.probes.Probe` (with these init args) to the CLI's callbacks."""
     fmt = lambda v: str(v).lower() if isinstance(v, bool) else str(v)
-    return ["--trainer.callbacks+=benchmarks.probes.Probe", *(f"--trainer.callbacks.{k}={fmt(v)}" for k, v in init_args.items())]
+    return ["--trainer.callbacks+=benchmarks.probes.Probe",
+            *(f"--trainer.callbacks.{k}={fmt(v)}" for k, v in init_args.items())]
 
 
 def kill_group(pid: int) -> None:
@@ -217,7 +247,7 @@ def launch(cmd: Sequence[str], work: Path, env: dict[str, str] | None = None, ti
            check: bool = True) -> dict[str, Any]:
     """The one runner: ``cmd`` in ``work`` (its own session), both pipes read as lines come. ``@@bench {json}`` lines
     (:mod:`benchmarks.probes`) become ``events`` (``t``: seconds after launch); every other line is kept with its
-    time. ``until(line)`` true (any line): the process group is SIGKILLed there (``stopped``). CPU time from ``wait4``."""
+    time. ``until(line)`` true: the process group is SIGKILLed there (``stopped``). CPU time from ``wait4``."""
     work.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     proc = subprocess.Popen(list(cmd), cwd=work, env=env or child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -243,10 +273,15 @@ def launch(cmd: Sequence[str], work: Path, env: dict[str, str] | None = None, ti
         proc.returncode = os.waitstatus_to_exitcode(status)
     wall = time.monotonic() - start
     if check and not stopped and (proc.returncode != 0 or wall >= timeout):
-        tail = "".join(text for _, text in lines[-30:])
-        raise RuntimeError(f"{' '.join(cmd[:4])} ... failed (exit {proc.returncode}, {wall:.0f} s) in {work}:\n{tail}")
+        raise RuntimeError(f"{' '.join(cmd[:4])} ... failed (exit {proc.returncode}, {wall:.0f} s) in {work}:\n"
+                           + tail(lines))
     return {"returncode": proc.returncode, "events": events, "lines": lines, "stopped": stopped, "wall_s": wall,
             "cpu_s": usage.ru_utime + usage.ru_stime}
+
+
+def tail(lines: list[tuple[float, str]], n: int = 30) -> str:
+    """The last ``n`` lines a run printed."""
+    return "".join(text for _, text in lines[-n:])
 
 
 def event(run: dict[str, Any], name: str) -> dict[str, Any] | None:
@@ -255,7 +290,8 @@ def event(run: dict[str, Any], name: str) -> dict[str, Any] | None:
 
 def console(run: dict[str, Any]) -> dict[str, list[str]]:
     """The run's MiniMind console lines: ``"epoch:step" -> [loss, logits_loss, aux_loss, lr]``."""
-    return {f"{m[1]}:{m[3]}": [m[5], m[6], m[7], m[8]] for _, line in run["lines"] if (m := CONSOLE_LINE_RE.search(line))}
+    found = (CONSOLE_LINE_RE.search(line) for _, line in run["lines"])
+    return {f"{m[1]}:{m[3]}": [m[5], m[6], m[7], m[8]] for m in found if m}
 
 
 # --------------------------------------------------------------------------- one command line for every benchmark
@@ -266,18 +302,23 @@ def execute(module: ModuleType, results_dir: Path = RESULTS_DIR, quick: bool = F
     """Run one benchmark module, print its tables, write ``<NAME>.json`` (and its plot) under ``results_dir``."""
     threads = set_threads(threads)
     env = environment()
-    say(f"== {module.__doc__.splitlines()[0].rstrip('.')} ({'--quick: toy size' if quick else 'full size'}, {threads} torch thread(s)) ==")
-    payload = module.run(quick=quick, reps=reps, **extra)
-    payload = {"benchmark": module.NAME, "quick": quick, "threads": threads, "environment": env, **payload}
-    for key, value in payload.items():
-        if key.endswith(("table", "verdict")) and value:
-            say(value)
+    size = "--quick: toy size" if quick else "full size"
+    say(f"== {module.__doc__.splitlines()[0].rstrip('.')} ({size}, {threads} torch thread(s)) ==")
+    payload = {"benchmark": module.NAME, "quick": quick, "threads": threads, "environment": env,
+               **module.run(quick=quick, reps=reps, **extra)}
+    for value in tables(payload):
+        say(value)
     write_json(results_dir / f"{payload.get('results_file', module.NAME)}.json", payload)
     for name, part in payload.get("also_written", {}).items():  # a second results file from the same runs
         write_json(results_dir / f"{name}.json", {"benchmark": name, "quick": quick, "environment": env, **part})
     if hasattr(module, "plot"):
         module.plot(payload, results_dir / f"{module.NAME}.png")
     return payload
+
+
+def tables(payload: dict[str, Any]) -> list[str]:
+    """The tables and verdicts of a payload, in its order (what a run prints and its ``summary.md`` section shows)."""
+    return [value for key, value in payload.items() if key.endswith(("table", "verdict")) and value]
 
 
 def bench_main(module: ModuleType, argv: list[str] | None = None) -> int:

@@ -89,7 +89,7 @@ class Probe(L.Callback):
         emit("train_start")
         if self.stamps:
             self.marks.hook(pl_module.model, trainer.optimizers[0])
-        if self.count_reads:  # calls of the dataset's __getitem__ until the first batch starts (no patch: a profile hook)
+        if self.count_reads:  # calls of the dataset's __getitem__ until the first batch starts (a profile hook)
             code = type(trainer.datamodule.train_dataset).__getitem__.__code__
 
             def count(frame: Any, what: str, arg: Any) -> None:
@@ -97,7 +97,8 @@ class Probe(L.Callback):
                     self.reads += 1
             sys.setprofile(count)
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
         if not self.marks.ends:
             sys.setprofile(None)
             emit("batch_start", reads=self.reads, batch_idx=batch_idx)
@@ -114,7 +115,8 @@ class Probe(L.Callback):
         """Runs before the CLI's own callbacks (LightningCLI appends them after the command line's), ResumeCallback
         last: the console line and a save fall after this stamp."""
         step = trainer.global_step
-        if len(self.marks.ends) + 1 == self.warmup or step == trainer.max_steps or (self.sync_every and step % self.sync_every == 0):
+        if len(self.marks.ends) + 1 == self.warmup or step == trainer.max_steps or (
+                self.sync_every and step % self.sync_every == 0):
             sync()
         self.marks.end_batch()
         self.saved(trainer)
@@ -129,8 +131,8 @@ class Probe(L.Callback):
             return
         if cb.last_model_path != self.last_path:
             self.last_path = cb.last_model_path
-            self.saves.append({"batch": len(self.marks.ends), "global_step": trainer.global_step, "s": cb.save_seconds[0],
-                               "async": bool(cb.async_save), "path": cb.last_model_path})
+            self.saves.append({"batch": len(self.marks.ends), "global_step": trainer.global_step,
+                               "s": cb.save_seconds[0], "async": bool(cb.async_save), "path": cb.last_model_path})
         # the first save's files are written: its publish set save_seconds[1], or a second save began (one in flight)
         if self.kill_after_commit and (len(self.saves) > 1 or cb.save_seconds[1] is not None):
             emit("committed", path=self.saves[0]["path"])
@@ -140,15 +142,15 @@ class Probe(L.Callback):
         self.saved(trainer)
         loader_ms = data_ms(trainer.train_dataloader, self.data_batches) if self.data_batches else None
         emit("end", marks=self.marks.batches[:-1], ends=self.marks.ends, saves=self.saves, data_ms=loader_ms,
-             last_loss=float(pl_module.last_stats["loss"]), tokens_per_batch=self.tokens, global_step=trainer.global_step,
-             precision=str(trainer.precision), **facts(pl_module.model))
+             last_loss=float(pl_module.last_stats["loss"]), tokens_per_batch=self.tokens,
+             global_step=trainer.global_step, precision=str(trainer.precision), **facts(pl_module.model))
 
 
 def plain_loop(cfg: dict[str, Any]) -> None:
-    """MiniMind's ``train_epoch`` in plain PyTorch: the same model (seed 42), batches (MiniMind's per-epoch permutation),
-    AdamW (weight decay 0.01), LR rule (cosine per micro-batch), accumulation (loss / N), clipping (1.0) and console line
-    as the port; ``precision`` ``32-true`` or ``bf16-mixed`` (autocast around forward and loss); ``deterministic`` as
-    Lightning's ``Trainer(deterministic=...)``. Stamps the same :class:`Marks` as :class:`Probe`."""
+    """MiniMind's ``train_epoch`` in plain PyTorch: the same model (seed 42), batches (MiniMind's per-epoch
+    permutation), AdamW (weight decay 0.01), LR rule (cosine per micro-batch), accumulation (loss / N), clipping (1.0)
+    and console line as the port; ``precision`` ``32-true`` or ``bf16-mixed`` (autocast around forward and loss);
+    ``deterministic`` as Lightning's ``Trainer(deterministic=...)``. Stamps the :class:`Marks` :class:`Probe` does."""
     import contextlib
 
     from torch.utils.data import DataLoader
@@ -169,7 +171,8 @@ def plain_loop(cfg: dict[str, Any]) -> None:
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = bool(det), not det
     cuda = torch.device(device).type == "cuda"
     torch.manual_seed(42)
-    model = MiniMindForCausalLM(MiniMindConfig(hidden_size=cfg["hidden_size"], num_hidden_layers=cfg["num_hidden_layers"])).to(device)
+    config = MiniMindConfig(hidden_size=cfg["hidden_size"], num_hidden_layers=cfg["num_hidden_layers"])
+    model = MiniMindForCausalLM(config).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg["learning_rate"], weight_decay=0.01)
     dataset = PretrainDataset(cfg["data"], load_tokenizer(cfg["tokenizer"]), max_length=cfg["max_seq_len"])
     loader = DataLoader(dataset, batch_sampler=SkipBatchSampler(epoch_permutation(len(dataset), 0), cfg["batch_size"]),

@@ -126,7 +126,7 @@ def test_remote_quick(quick_run: tuple[Path, str]) -> None:
     assert data["benchmark"] == "remote" and data["quick"] is True and data["table"] in stdout
     assert positive(data["upload"]["mb_per_s"]["bare"]) and positive(data["upload"]["mb_per_s"]["ours"])
     assert positive(data["stall"]["stall_s"]["local"]) and positive(data["stall"]["stall_s"]["remote"])
-    assert "### 7. Checkpoints on object storage" in (out / "summary.md").read_text()
+    assert "### 6. Checkpoints on object storage" in (out / "summary.md").read_text()
 
 
 @pytest.mark.slow  # the quick run of every benchmark: a minute on 2 cores (make test-slow)
@@ -135,7 +135,7 @@ def test_restart_quick(quick_run: tuple[Path, str]) -> None:
     optimizer step; imports dominate; the isolated parts and the bare import of torch and Lightning are measured."""
     out, stdout = quick_run
     data = load(out, "restart")
-    assert data["table"] in stdout and "### 8. Restart breakdown" in (out / "summary.md").read_text()
+    assert data["table"] in stdout and "### 7. Restart breakdown" in (out / "summary.md").read_text()
     phases = {label: s["median"] for label, s in data["phases_s"].items()}
     assert len(phases) == 6 and all(v > 0 for v in phases.values()), phases
     total = data["launch_to_first_step_s"]["median"]
@@ -151,7 +151,7 @@ def test_summary_quick(quick_run: tuple[Path, str]) -> None:
     out, _ = quick_run
     text = (out / "summary.md").read_text()
     for heading in ("### 1. Port overhead", "### 2. Checkpoint cost", "### 3. Resume cost vs position",
-                    "### 6. Data set-up at MiniMind's size"):
+                    "### 5. Data set-up at MiniMind's size"):
         assert heading in text
     assert sum(p.stat().st_size for p in out.iterdir()) < 1 << 20
 
