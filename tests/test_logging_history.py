@@ -184,11 +184,18 @@ def test_checkpoint_carries_the_rows_since_the_save_before_the_previous_one_and_
         console.history.rows.extend((at, s // 2, {"micro_step": s, "loss": 1.0 / s}) for s in steps)
         console.micro_step = steps[-1]
 
+    def checkpoint(console: MiniMindConsole) -> dict:
+        """Lightning's dump: the callback's state_dict (it changes nothing), then its checkpoint taken."""
+        state, rows = console.state_dict(), list(console.history.rows)
+        assert console.state_dict() == state and list(console.history.rows) == rows, "state_dict changed the state"
+        console.history.saved(console.micro_step)
+        return state
+
     console = MiniMindConsole()
     hour_ago = time.monotonic() - 3600  # durable in any logger by now
     for steps in (range(1, 5), range(5, 9), range(9, 13)):  # saves at micro_step 4, 8, 12
         log(console, steps, hour_ago)
-        state = console.state_dict()
+        state = checkpoint(console)
     assert carried(state) == list(range(5, 13))
 
     # a real CSVLogger on a real Trainer (the one fit starts with) receives the carried rows
@@ -203,8 +210,8 @@ def test_checkpoint_carries_the_rows_since_the_save_before_the_previous_one_and_
         rows = [(int(r["step"]), int(r["micro_step"])) for r in csv.DictReader(f)]
     assert rows == [(s // 2, s) for s in range(5, 13)]
     log(restored, range(13, 17), time.monotonic())
-    assert carried(restored.state_dict()) == list(range(5, 17))  # logged again just now: carried again
+    assert carried(checkpoint(restored)) == list(range(5, 17))  # logged again just now: carried again
     monkeypatch.setattr("lit_minimind.callbacks.log_history.HISTORY_MIN_SECONDS", 0.0)
     monkeypatch.setenv("WANDB__TRANSACTION_LOG_FLUSH_INTERVAL", "0")
     log(restored, range(17, 21), time.monotonic())
-    assert carried(restored.state_dict()) == list(range(13, 21))  # a minute later: since the save of 12
+    assert carried(checkpoint(restored)) == list(range(13, 21))  # a minute later: since the save of 12

@@ -15,6 +15,7 @@ from lightning.pytorch.callbacks import Callback
 
 from lit_minimind.callbacks.log_history import LogHistory, flush_loggers
 from lit_minimind.callbacks.log_lineage import SaveLedger
+from lit_minimind.checkpoint.names import CONSOLE_STATE_KEY
 
 
 def format_minimind_line(epoch: int, epochs: int, step: int, iters: int, loss: float, logits_loss: float,
@@ -84,22 +85,40 @@ class MiniMindConsole(Callback):
         self._trainer: L.Trainer | None = None
 
     # ------------------------------------------------------------------ state (Lightning saves and restores it)
+    @property
+    def state_key(self) -> str:
+        return CONSOLE_STATE_KEY
+
     def state_dict(self) -> dict[str, Any]:
-        """Called for every checkpoint: drops the rows no longer needed, returns what a resume needs."""
-        trainer = self._trainer
+        """What a resume needs, as the checkpoint being taken leaves it: the rows held for the log interval and
+        the epoch's own row count as logged. Changes nothing: :meth:`on_save_checkpoint`, which Lightning calls
+        next, logs them."""
+        trainer, new = self._trainer, []
         if trainer is not None:
-            self.log_pending(trainer)  # rows held for the log interval go out before the checkpoint
-            if trainer.is_global_zero and self.history.epochs_complete > trainer.current_epoch:  # the epoch-end save
-                self.history.record_epoch_metrics(trainer, trainer.current_epoch, self.micro_step or 0)
-        return {"micro_step": self.micro_step, **self.history.state_dict(self.micro_step or 0)}
+            new = self.pending_rows()
+            if row := self._epoch_row(trainer):
+                new.append(row)
+        return {"micro_step": self.micro_step, **self.history.state_dict(self.micro_step or 0, new)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.micro_step = state_dict.get("micro_step")
         self.history.load_state_dict(state_dict)
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
-        """Before the checkpoint is written: what the loggers hold goes to their files (CSV: ``metrics.csv``)."""
+        """A checkpoint is being taken (its state is dumped already): the rows held for the log interval go
+        to the loggers, the epoch's own row is carried, and what the loggers hold goes to their files (CSV:
+        ``metrics.csv``) before the checkpoint is written."""
+        self.log_pending(trainer)
+        if self._epoch_row(trainer):
+            self.history.record_epoch_metrics(trainer, trainer.current_epoch, self.micro_step or 0)
+        self.history.saved(self.micro_step or 0)
         flush_loggers(trainer)
+
+    def _epoch_row(self, trainer: L.Trainer) -> tuple[int, dict[str, Any]] | None:
+        """At the epoch-end save (global rank 0): the row Lightning logs itself for the epoch, not carried yet."""
+        if not (trainer.is_global_zero and self.history.epochs_complete > trainer.current_epoch):
+            return None
+        return self.history.epoch_row(trainer, trainer.current_epoch, self.micro_step or 0)
 
     def continue_logs(self, trainer: L.Trainer, ckpt: dict[str, Any]) -> None:
         """Before a resume from ``ckpt``: CSV logs continue its log directory (:meth:`LogHistory.continue_logs`)."""
@@ -164,26 +183,31 @@ class MiniMindConsole(Callback):
         """The loss of the last trained micro-batch of this run (None before the first)."""
         return None if self._last_loss is None else float(self._last_loss)
 
-    def log_pending(self, trainer: L.Trainer) -> list[dict[str, Any]]:
-        """Send the micro-batches' metrics held since the last log interval to the loggers, with one
-        device-to-host transfer for all of them; returns their rows."""
-        pending, self._pending = self._pending, []
-        if not pending:
+    def pending_rows(self) -> list[tuple[int, dict[str, Any]]]:
+        """The rows (``(global_step, metrics)``) of the micro-batches held since the last log interval, with one
+        device-to-host transfer for all of them."""
+        if not self._pending:
             return []
-        values = torch.stack([p[3] for p in pending]).float().cpu().tolist()  # the one host sync
+        values = torch.stack([p[3] for p in self._pending]).float().cpu().tolist()  # the one host sync
         rows = []
-        for (micro_step, global_step, epoch, _, lr, extra, names), row in zip(pending, values):
+        for (micro_step, global_step, epoch, _, lr, extra, names), row in zip(self._pending, values):
             metrics = {**dict(zip(names, row)), "learning_rate": lr}
             if "logits_loss" in metrics:
                 metrics["perplexity"] = math.exp(min(metrics["logits_loss"], 50.0))
             metrics.update({"epoch": float(epoch), **extra, "micro_step": micro_step})
+            rows.append((global_step, metrics))
+        return rows
+
+    def log_pending(self, trainer: L.Trainer) -> list[dict[str, Any]]:
+        """Send the rows held since the last log interval (:meth:`pending_rows`) to the loggers; returns them."""
+        rows, self._pending = self.pending_rows(), []
+        for global_step, metrics in rows:
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=global_step)
             self.history.record(global_step, metrics)
-            rows.append(metrics)
-        if self.first_loss is None:
-            self.first_loss = rows[0]["loss"]
-        return rows
+        if rows and self.first_loss is None:
+            self.first_loss = rows[0][1]["loss"]
+        return [metrics for _, metrics in rows]
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._epoch_start = None

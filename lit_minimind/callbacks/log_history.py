@@ -1,5 +1,6 @@
 """The logged history that survives SIGKILLs: metric rows carried by checkpoints and logged again on
-resume, and CSV logs continued in the checkpoint's log directory.
+resume, CSV logs continued in the checkpoint's log directory, and a wandb run continued by its saved id
+(on one step axis, ``micro_step``).
 
 Loggers write asynchronously (wandb) or at intervals (CSV); a SIGKILL loses what they held. So the
 rows logged since the save before the previous one (and those of the last minute, at most
@@ -23,11 +24,11 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from lit_minimind.callbacks.log_lineage import checkpoint_position, cut_ledger, went_further
 from lit_minimind.checkpoint.atomic import atomic_open
+from lit_minimind.checkpoint.names import CONSOLE_STATE_KEY
 from lit_minimind.resume.io import callback_state
 
 HISTORY_MAX_ROWS = 4096  # rows a checkpoint carries at most (the newest)
 HISTORY_MIN_SECONDS = 60.0  # rows logged this recently before a save are always carried
-CONSOLE_STATE_KEY = "MiniMindConsole"  # where Lightning keeps the console callback's state (its __qualname__)
 EPOCH_METRICS = ("mean_loss", "val_loss", "val_perplexity")  # logged by Lightning once per epoch
 
 
@@ -47,26 +48,46 @@ class LogHistory:
         """A row just sent to the loggers."""
         self.rows.append((time.monotonic(), step, metrics))
 
-    def record_epoch_metrics(self, trainer: L.Trainer, epoch: int, micro_step: int) -> None:
-        """The row Lightning logs itself at the end of ``epoch`` (``mean_loss``, ``val_loss``, ...), carried
-        too, once: taken when the epoch-end checkpoint is written, before Lightning sends it to the loggers."""
+    def epoch_row(self, trainer: L.Trainer, epoch: int, micro_step: int) -> tuple[int, dict[str, Any]] | None:
+        """The row Lightning logs itself at the end of ``epoch`` (``mean_loss``, ``val_loss``, ...), if not
+        recorded yet: taken when the epoch-end checkpoint is written, before Lightning sends it to the loggers."""
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k in EPOCH_METRICS}
-        if metrics and epoch > self._epoch_recorded:
+        if not metrics or epoch <= self._epoch_recorded:
+            return None
+        return trainer.global_step, {**metrics, "epoch": float(epoch), "micro_step": micro_step}
+
+    def record_epoch_metrics(self, trainer: L.Trainer, epoch: int, micro_step: int) -> None:
+        """Carry the epoch's own row (:meth:`epoch_row`), once."""
+        if row := self.epoch_row(trainer, epoch, micro_step):
             self._epoch_recorded = epoch
-            self.record(trainer.global_step, {**metrics, "epoch": float(epoch), "micro_step": micro_step})
+            self.record(*row)
 
     # ------------------------------------------------------------------ state
-    def state_dict(self, micro_step: int) -> dict[str, Any]:
-        """For a checkpoint at ``micro_step``: drops the rows no longer needed, returns the rest."""
-        if not self._saves or self._saves[-1] != micro_step:
-            self._saves = [*self._saves, micro_step][-3:]  # this save, the previous one and the one before
-        # dropped: rows up to the save before the previous one, logged long enough ago
-        oldest_kept, recent = self._saves[0] if len(self._saves) == 3 else 0, time.monotonic() - history_seconds()
-        while self.rows and self.rows[0][2].get("micro_step", 0) <= oldest_kept and self.rows[0][0] < recent:
-            self.rows.popleft()
-        return {"epochs_complete": self.epochs_complete, "saves": list(self._saves),
+    def _after_save(self, micro_step: int, new: list[tuple[float, int, dict[str, Any]]]
+                    ) -> tuple[list[int], list[tuple[float, int, dict[str, Any]]]]:
+        """The saves and rows kept once a checkpoint at ``micro_step`` is taken (with ``new`` rows recorded):
+        rows up to the save before the previous one are dropped, unless logged in the last
+        :func:`history_seconds`."""
+        saves = self._saves if self._saves and self._saves[-1] == micro_step else [*self._saves, micro_step][-3:]
+        oldest_kept, recent = saves[0] if len(saves) == 3 else 0, time.monotonic() - history_seconds()
+        rows = [*self.rows, *new][-HISTORY_MAX_ROWS:]
+        first = next((i for i, (when, _, metrics) in enumerate(rows)
+                      if metrics.get("micro_step", 0) > oldest_kept or when >= recent), len(rows))
+        return saves, rows[first:]
+
+    def state_dict(self, micro_step: int, new: list[tuple[int, dict[str, Any]]] = ()) -> dict[str, Any]:
+        """What a checkpoint at ``micro_step`` carries once the ``new`` rows (``(step, metrics)``, not logged yet)
+        are: changes nothing (:meth:`saved` does, when the checkpoint is taken)."""
+        now = time.monotonic()
+        saves, rows = self._after_save(micro_step, [(now, step, metrics) for step, metrics in new])
+        return {"epochs_complete": self.epochs_complete, "saves": saves,
                 "csv_logs": [dict(d) for d in self._csv_logs],
-                "history": [{"step": step, "metrics": dict(metrics)} for _, step, metrics in self.rows]}
+                "history": [{"step": step, "metrics": dict(metrics)} for _, step, metrics in rows]}
+
+    def saved(self, micro_step: int) -> None:
+        """A checkpoint at ``micro_step`` is taken: remember the save, drop the rows no longer needed."""
+        self._saves, rows = self._after_save(micro_step, [])
+        self.rows = deque(rows, maxlen=HISTORY_MAX_ROWS)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.epochs_complete = int(state_dict.get("epochs_complete") or 0)
@@ -225,3 +246,55 @@ def _up_to(row: dict[str, str], micro_step: int, epochs_complete: int, global_st
         return global_step is not None and int(float(row.get("step") or 0)) < global_step
     except ValueError:
         return False
+
+
+# ----------------------------------------------------------------------------- the wandb run
+
+def wandb_logger(trainer: L.Trainer) -> Any:
+    """The trainer's WandbLogger, if any."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    return next((lg for lg in trainer.loggers if isinstance(lg, WandbLogger)), None)
+
+
+def continue_wandb_run(trainer: L.Trainer, run_id: str | None) -> None:
+    """Before the run starts: make a WandbLogger continue the checkpoint's run, unless the user chose an id.
+
+    wandb reads ``WANDB_RUN_ID`` when no id is passed (WandbLogger already passes ``resume="allow"``).
+    """
+    logger = wandb_logger(trainer)
+    if logger is None:
+        return
+    chosen = logger.version  # the id given to the logger (None until the run starts, if none was)
+    if chosen and chosen != run_id:
+        rank_zero_info(f"wandb: logging to the run id you chose ({chosen}), not the checkpoint's ({run_id})")
+    elif run_id is None:
+        rank_zero_info("wandb: the checkpoint has no wandb run id: starting a new run (its id goes into the next checkpoint)")
+    else:
+        os.environ["WANDB_RUN_ID"] = run_id
+        rank_zero_info(f"wandb: continuing run {run_id}")
+
+
+def wandb_run_id(trainer: L.Trainer) -> str | None:
+    logger = wandb_logger(trainer)
+    return str(logger.experiment.id) if logger is not None and trainer.is_global_zero else None
+
+
+def resume_record(trainer: L.Trainer, resumed_from: dict[str, Any]) -> dict[str, Any]:
+    """``{"resume_at_global_step_N": where this run resumed from}``, for the run's config."""
+    record = {**resumed_from, "checkpoint": str(trainer.ckpt_path), "world_size_now": trainer.world_size}
+    return {f"resume_at_global_step_{resumed_from['global_step']}": record}
+
+
+def describe_wandb_run(trainer: L.Trainer, resume_records: dict[str, Any]) -> str | None:
+    """One step axis for every metric (``micro_step``) and every resume of the run so far in its config
+    (all of them each time: a process SIGKILLed before wandb wrote its config loses none). Returns the run id."""
+    logger = wandb_logger(trainer)
+    if logger is None or not trainer.is_global_zero:
+        return None
+    run = logger.experiment
+    run.define_metric("micro_step")
+    run.define_metric("*", step_metric="micro_step")
+    if resume_records:
+        run.config.update(dict(resume_records), allow_val_change=True)
+    return str(run.id)

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 from lit_minimind.data.sampler import MINIMIND_SEED, EpochShardSampler, ResumableBatchSampler
 from lit_minimind.data.workers import worker_init_fn
 from lit_minimind.errors import CheckpointError, PositionError
-from lit_minimind.resume.position import DataPosition, position_here
+from lit_minimind.resume.states import DataPosition, position_here
 
 
 class ResumableDataLoader(DataLoader):
@@ -174,9 +174,13 @@ class MiniMindDataModule(L.LightningDataModule):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Arm the next train loader to start after the saved position (translated to this world size)."""
+        """Arm the next train loader to start after the saved position (translated to this world size); a
+        checkpoint of other data is refused, naming each setting that differs."""
         if not state_dict:
             return
+        if self.train_dataset is not None and (problems := self.checkpoint_mismatches(state_dict)):
+            raise CheckpointError("checkpoint does not match this run (a resume needs the same data):\n  "
+                                  + "\n  ".join(problems))
         world = self.trainer.world_size if self.trainer is not None else 1
         saved_iters = state_dict.get("iters") or self.batches_per_epoch(int(state_dict.get("world_size") or 1))
         try:

@@ -11,6 +11,7 @@ import lightning as L
 import torch
 from torchmetrics.aggregation import MeanMetric
 
+from lit_minimind.checkpoint.names import START_WEIGHTS_KEY
 from lit_minimind.checkpoint.read import read_checkpoint
 from lit_minimind.checkpoint.weights import config_mismatches, model_weights, shape_config
 from lit_minimind.data.sampler import MINIMIND_SEED
@@ -20,7 +21,6 @@ from lit_minimind.model.dpo import DPO_BETA, Reference, dpo_inputs, dpo_loss, fi
 from lit_minimind.model.lora import apply_lora, freeze_base, is_lora_key
 
 OBJECTIVES = ("auto", "lm", "dpo")
-START_WEIGHTS_KEY = "start_weights"  # {"path", "sha256"} of --from_weight in LoRA and DPO checkpoints
 
 
 def minimind_lr(step: int, total_steps: int, learning_rate: float, warmup_steps: int = 0) -> float:
@@ -249,16 +249,12 @@ class LitMiniMind(L.LightningModule):
             checkpoint[START_WEIGHTS_KEY] = dict(self.start_weights)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Refuse a checkpoint of another model shape or other data, naming every differing field at once
-        (before anything is loaded)."""
+        """Refuse a checkpoint of another model shape or start weights, naming every differing field at once
+        (before anything is loaded; the DataModule checks its own state in its ``load_state_dict``)."""
         problems = config_mismatches(shape_config(checkpoint.get("state_dict", {})), shape_config(self.model.state_dict()))
         problems += self.start_weights_mismatches(checkpoint)
-        datamodule = self.trainer.datamodule
-        data_state = checkpoint.get(type(datamodule).__qualname__) if datamodule is not None else None
-        if data_state and hasattr(datamodule, "checkpoint_mismatches"):
-            problems += datamodule.checkpoint_mismatches(data_state)
         if problems:
-            raise CheckpointError("checkpoint does not match this run (a resume needs the same model and data):\n  "
+            raise CheckpointError("checkpoint does not match this run (a resume needs the same model):\n  "
                                   + "\n  ".join(problems))
         state = checkpoint.get("state_dict")
         if state is not None:  # saved without the epoch's mean (MiniMind's files, older ones): it starts empty
