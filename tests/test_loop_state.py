@@ -9,8 +9,7 @@ import lightning as L
 import pytest
 import torch
 
-from lit_minimind.resume.loop_state import fit_loop_state_at
-from lit_minimind.resume.position import DataPosition, optimizer_steps
+from lit_minimind.resume.states import DataPosition, fit_loop_state_at, optimizer_steps
 from tests.helpers.runs import need_shared, run_cli, tiny_args
 
 

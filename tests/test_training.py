@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from lit_minimind.checkpoint.names import CHECKPOINT_SCHEMA, CONSOLE_STATE_KEY, RESUME_STATE_KEY, START_WEIGHTS_KEY
 from lit_minimind.model.module import minimind_lr
 from tests.helpers.runs import MINIMIND, ROOT, assert_resumed, cli_env, need_shared, run_cli, tiny_args
 
@@ -38,6 +39,10 @@ def test_uninterrupted_tiny_run_reproduces_minimind_run(tmp_path: Path, variant:
     suffix = "_moe" if variant == "moe" else ""
     ckpts = sorted(p.name.rsplit("_", 1)[0] for p in (tmp_path / "checkpoints").glob("*.ckpt"))
     assert ckpts == [f"pretrain_64{suffix}_e0_s10_g5", f"pretrain_64{suffix}_e0_s12_g6"]  # keep_last 2
+    # what the checkpoint holds is what checkpoint.names declares: every key, nothing else
+    ckpt = torch.load(max((tmp_path / "checkpoints").glob("*_s12_*.ckpt")), weights_only=True)
+    assert set(ckpt) == set(CHECKPOINT_SCHEMA) - {START_WEIGHTS_KEY}  # start weights: LoRA and DPO only
+    assert set(ckpt["callbacks"]) == {RESUME_STATE_KEY, CONSOLE_STATE_KEY}
 
 
 def test_trailing_partial_window_is_flushed_like_minimind(tmp_path: Path) -> None:

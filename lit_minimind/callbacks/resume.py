@@ -3,7 +3,7 @@
 Composed of small units, each with one job: :class:`lit_minimind.callbacks.schedule.SaveSchedule` (when),
 :class:`lit_minimind.callbacks.files.CheckpointFiles` (names, retention, MiniMind's files),
 :mod:`lit_minimind.checkpoint.weights` (MiniMind's keys), :data:`lit_minimind.callbacks.preemption.STOP` (signals),
-:mod:`lit_minimind.callbacks.wandb_run` (the logger's run). Lightning keeps the rest: the data position in the
+:mod:`lit_minimind.callbacks.log_history` (the logger's run). Lightning keeps the rest: the data position in the
 DataModule's ``state_dict``, loop counters, optimizer, scaler, this callback's ``state_dict``.
 """
 
@@ -26,23 +26,32 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lit_minimind.callbacks.console import MiniMindConsole
 from lit_minimind.callbacks.files import CheckpointFiles, agree_on_checkpoint
+from lit_minimind.callbacks.log_history import continue_wandb_run, describe_wandb_run, resume_record, wandb_run_id
 from lit_minimind.callbacks.preemption import STOP
 from lit_minimind.callbacks.preflight import check_at_setup
 from lit_minimind.callbacks.remote import RemoteCheckpoints, choose_with_remote, staging_dir
 from lit_minimind.callbacks.schedule import SaveSchedule
-from lit_minimind.callbacks.wandb_run import continue_wandb_run, describe_wandb_run, resume_record, wandb_run_id
-from lit_minimind.checkpoint.names import (CALLBACK_FORMAT_VERSION, RESUME_STATE_KEY, TRAINING_STATE_KEY, CheckpointName,
-                                          checkpoint_stem)
+from lit_minimind.checkpoint.names import (
+    CALLBACK_FORMAT_VERSION,
+    RESUME_STATE_KEY,
+    TRAINING_STATE_KEY,
+    CheckpointName,
+    checkpoint_stem,
+)
 from lit_minimind.checkpoint.weights import add_minimind_keys, fp16_weights, unwrap_model
 from lit_minimind.errors import CheckpointError
 from lit_minimind.resume.io import SafeCheckpointIO, read_start_checkpoint, saved_wandb_id
 from lit_minimind.resume.library import library_versions
-from lit_minimind.resume.loop_state import loops_at
-from lit_minimind.resume.position import optimizer_steps, window_complete, world_size_change
-from lit_minimind.resume.rank_state import rank_rng_state, save_rank_states
-from lit_minimind.resume.rng import set_rng_state
-from lit_minimind.resume.scaler import adopt_scaler_state
-
+from lit_minimind.resume.states import (
+    adopt_scaler_state,
+    loops_at,
+    optimizer_steps,
+    rank_rng_state,
+    save_rank_states,
+    set_rng_state,
+    window_complete,
+    world_size_change,
+)
 
 # Lightning's own line when ``ckpt_path="last"`` finds nothing; ResumeCallback says it (once) in its own words
 _NO_LAST = r'.*ckpt_path="last"\) is set, but there is no last checkpoint available.*'

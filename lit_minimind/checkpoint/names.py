@@ -22,12 +22,43 @@ POSITION_KEYS = ("epoch", "step", "world_size", "wandb_id")  # MiniMind's positi
 MANIFEST_FIELDS = ("epoch", "step", "world_size", "global_step", "wandb_id")  # copied into a .ckpt's manifest
 MODULE_PREFIX = "model."  # LitMiniMind keeps MiniMindForCausalLM as ``self.model``
 DATA_STATE_KEY = "MiniMindDataModule"  # where Lightning keeps the DataModule's state (its __qualname__)
-RESUME_STATE_KEY = "ResumeCallback"  # where Lightning keeps ResumeCallback's state (``callbacks[...]``)
+RESUME_STATE_KEY = "ResumeCallback"  # ResumeCallback.state_key: where Lightning keeps its state (``callbacks[...]``)
+CONSOLE_STATE_KEY = "MiniMindConsole"  # MiniMindConsole.state_key
 HF_CONFIG_KEY = "hf_config"  # a Hugging Face directory read as a checkpoint dict (its config.json)
 TRAINING_STATE_KEY = "lit_minimind"  # per-rank RNG (a save is taken at an optimizer-step boundary: no gradients)
 TRAINING_STATE_FORMAT = 3  # of TRAINING_STATE_KEY: 3 = RNG only (1, 2: partial gradients inline / in shards)
 LORA_KEY = ".lora."  # in every LoRA adapter's key (MiniMind's ``lora`` modules)
 CALLBACK_FORMAT_VERSION = 2  # of ResumeCallback's state
+START_WEIGHTS_KEY = "start_weights"  # {"path", "sha256"} of --from_weight in LoRA and DPO checkpoints
+
+# Everything one of our checkpoints holds, by top-level key: who provides it (each through its own public
+# hook: a ``state_dict``, an ``on_save_checkpoint``) and what it is. ``tests/test_training.py`` checks a real
+# checkpoint against it. Also, with fp16 only: the precision plugin's GradScaler under the plugin's class name
+# (Lightning's key; ``resume.states.adopt_scaler_state`` carries it across plugins).
+CHECKPOINT_SCHEMA: dict[str, str] = {
+    "epoch": "Lightning: the epoch (0-based)",
+    "global_step": "Lightning: optimizer steps taken",
+    "pytorch-lightning_version": "Lightning",
+    "state_dict": "Lightning, from LitMiniMind: fp32 weights (and the epoch's mean loss)",
+    "loops": "Lightning: its loop counters",
+    "callbacks": f"Lightning, from each callback's state_dict: {RESUME_STATE_KEY} (run id, save records, the save "
+                 f"schedule's history), {CONSOLE_STATE_KEY} (micro_step, the rows a resume logs again, CSV log directories)",
+    "optimizer_states": "Lightning: AdamW",
+    "lr_schedulers": "Lightning: none (LitMiniMind sets MiniMind's LR itself)",
+    "hparams_name": "Lightning", "hyper_parameters": "Lightning: LitMiniMind's arguments",
+    "datamodule_hparams_name": "Lightning", "datamodule_hyper_parameters": "Lightning: the DataModule's arguments",
+    DATA_STATE_KEY: "Lightning, from MiniMindDataModule.state_dict: the data position (epoch, step, world size, "
+                    "epoch length, batch size, dataset length)",
+    "model_config": "LitMiniMind.on_save_checkpoint: the model's shape",
+    START_WEIGHTS_KEY: "LitMiniMind.on_save_checkpoint, LoRA and DPO only: path and sha256 of --from_weight",
+    TRAINING_STATE_KEY: "ResumeCallback.on_save_checkpoint: every rank's RNG",
+    "model": "ResumeCallback.on_save_checkpoint: MiniMind's fp16 weights",
+    "optimizer": "ResumeCallback.on_save_checkpoint: MiniMind's optimizer state",
+    "step": "ResumeCallback.on_save_checkpoint: MiniMind's step (batches of the epoch on one rank)",
+    "world_size": "ResumeCallback.on_save_checkpoint: MiniMind's world size",
+    "wandb_id": "ResumeCallback.on_save_checkpoint: the wandb run id (None without wandb)",
+    "scaler": "ResumeCallback.on_save_checkpoint: MiniMind's GradScaler state ({} without one)",
+}
 
 
 def checkpoint_paths(save_dir: str | os.PathLike, weight: str, hidden_size: int, use_moe: bool = False) -> tuple[Path, Path]:

@@ -6,7 +6,7 @@ MiniMind (lesson 15) writes ``out/{stem}.pth`` (fp16 weights) and ``checkpoints/
 Lightning checkpoint carries those keys too (:func:`add_minimind_keys`), sharing the optimizer's
 tensors with Lightning's ``optimizer_states`` so ``torch.save`` writes them once; ``_resume.pth``
 is a hard link to the newest one. An original MiniMind file becomes a Lightning checkpoint in
-:func:`to_lightning`; its missing loop counters are built by :func:`lit_minimind.resume.loop_state.loops_at`.
+:func:`to_lightning`; its missing loop counters are built by :func:`lit_minimind.resume.states.loops_at`.
 """
 
 from __future__ import annotations

@@ -44,6 +44,25 @@ def load_model(path: str) -> MiniMindForCausalLM:
     return model.eval()
 
 
+def load(weights: str, lora: str | None = None,
+         tokenizer_path: str | None = None) -> tuple[MiniMindForCausalLM, Tokenizer, str | Path]:
+    """What ``generate WEIGHTS [--lora FILE] [--tokenizer_path DIR]`` loads: the float32 model (LoRA
+    adapters attached, not merged), its tokenizer, and the tokenizer's directory (the chat template's).
+
+    Raises:
+        CheckpointError, ValueError: a file that is not what it should be (one line saying so).
+    """
+    model = load_model(weights)
+    if lora:
+        try:
+            attach_lora(model, model_weights(read_checkpoint(lora)))
+        except ValueError as err:
+            raise CheckpointError(f"{lora} (--lora): {err}") from None
+    own = is_hf_directory(weights) and (Path(weights) / "tokenizer.json").is_file()
+    tokenizer_dir = tokenizer_path or (weights if own else build_default_tokenizer())
+    return model, load_tokenizer(tokenizer_dir), tokenizer_dir
+
+
 def chat(
     model: MiniMindForCausalLM,
     tokenizer: Tokenizer,
@@ -106,15 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     try:
-        model = load_model(args.weights)
-        if args.lora:
-            try:
-                attach_lora(model, model_weights(read_checkpoint(args.lora)))
-            except ValueError as err:
-                raise CheckpointError(f"{args.lora} (--lora): {err}") from None
-        own = is_hf_directory(args.weights) and (Path(args.weights) / "tokenizer.json").is_file()
-        tokenizer_dir = args.tokenizer_path or (args.weights if own else build_default_tokenizer())
-        tokenizer = load_tokenizer(tokenizer_dir)
+        model, tokenizer, tokenizer_dir = load(args.weights, args.lora, args.tokenizer_path)
         template = load_chat_template(tokenizer_dir) if args.chat is not None else None
     except (CheckpointError, ValueError) as err:  # DataError is a ValueError
         print(f"error: {err}", file=sys.stderr)

@@ -18,7 +18,7 @@ from lit_minimind.checkpoint.names import MINIMIND_KEYS, checkpoint_paths
 from lit_minimind.checkpoint.read import checkpoint_kind, read_checkpoint
 from lit_minimind.checkpoint.weights import fp16_state_dict
 from lit_minimind.errors import CheckpointError
-from lit_minimind.resume.position import corrected_step, world_size_change
+from lit_minimind.resume.states import corrected_step, world_size_change
 from lit_minimind.version import __version__
 
 log = logging.getLogger(__name__)
