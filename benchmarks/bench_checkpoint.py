@@ -17,14 +17,10 @@ import gc
 import os
 import pstats
 import resource
-import shutil
 import statistics
 import sys
 import tempfile
 import time
-import timeit
-import zlib
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -170,34 +166,6 @@ def written_files(*directories: Path) -> dict[str, Any]:
     return {**out, "total": out["data"] + out["manifests"]}
 
 
-def digest_rates(mib: int) -> dict[str, float]:
-    """GB/s of the per-byte work a save may add, on this machine (best of 3 over ``mib`` MiB)."""
-    import hashlib
-
-    buf = os.urandom(mib << 20)
-    work: dict[str, Callable[[], Any]] = {"sha256": lambda: hashlib.sha256(buf).digest(),
-                                          "crc32 (zlib)": lambda: zlib.crc32(buf),
-                                          "memory copy": lambda: bytearray(buf)}
-    return {name: len(buf) / min(timeit.timeit(fn, number=1) for _ in range(3)) / 1e9 for name, fn in work.items()}
-
-
-def measure_mode(mode: str, hidden: int, layers: int, reps: int, quick: bool, data: Path, tok: Path,
-                 root: Path) -> dict[str, Any]:
-    work = root / mode
-    for sub in ("minimind", "bare"):
-        (work / sub).mkdir(parents=True)
-    batch, seq = (2, 32) if quick else (4, 256)
-    flags = {**bc.model_flags(hidden, layers, seq, batch), "trainer.max_steps": reps + 2, "resume.save_interval": 1,
-             "resume.keep_last": 1, "resume.async_save": str(mode == "async").lower()}
-    cmd = bc.fit_cmd(work, data, tok, flags, "--trainer.callbacks+=benchmarks.bench_checkpoint.SaveCost",
-                     f"--trainer.callbacks.out={work}")
-    got = bc.event(bc.launch(cmd, work), "savecost")
-    if got is None:
-        raise RuntimeError(f"the save probe reported nothing ({mode}, {hidden}x{layers})")
-    return {**got, "step_batch": [batch, seq], "bytes_ours": written_files(work / "checkpoints", work / "out"),
-            "bytes_minimind": written_files(work / "minimind"), "bytes_bare": written_files(work / "bare")}
-
-
 def summarize_mode(raw: dict[str, Any]) -> dict[str, Any]:
     t = raw["times"]
     return {"save_s": bc.stats(t["ours"]), "save_and_write_s": bc.stats(t["ours_written"]),
@@ -212,14 +180,24 @@ def summarize_mode(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def measure(hidden: int, layers: int, reps: int, quick: bool, data: Path, tok: Path) -> dict[str, Any]:
-    name, root = f"{hidden}x{layers}", Path(tempfile.mkdtemp(prefix="bench-ckpt-", dir=bc.cache_dir()))
-    try:
-        raw = {}
+    """Both save modes of one model, each in its own CLI run."""
+    name, (batch, seq), raw = f"{hidden}x{layers}", (2, 32) if quick else (4, 256), {}
+    flags = {**bc.model_flags(hidden, layers, seq, batch), "trainer.max_steps": reps + 2, "resume.save_interval": 1,
+             "resume.keep_last": 1}
+    with tempfile.TemporaryDirectory(prefix="bench-ckpt-", dir=bc.cache_dir(), ignore_cleanup_errors=True) as tmp:
         for mode in ("sync", "async"):
             bc.say(f"  [{name}] {mode} saves: {reps + 2} batches, a save after each ...")
-            raw[mode] = measure_mode(mode, hidden, layers, reps, quick, data, tok, root)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+            work = Path(tmp) / mode
+            for sub in ("minimind", "bare"):
+                (work / sub).mkdir(parents=True)
+            cmd = bc.fit_cmd(work, data, tok, {**flags, "resume.async_save": str(mode == "async").lower()},
+                             "--trainer.callbacks+=benchmarks.bench_checkpoint.SaveCost",
+                             f"--trainer.callbacks.out={work}")
+            if (got := bc.event(bc.launch(cmd, work), "savecost")) is None:
+                raise RuntimeError(f"the save probe reported nothing ({mode}, {name})")
+            raw[mode] = {**got, "step_batch": [batch, seq], "bytes_minimind": written_files(work / "minimind"),
+                         "bytes_ours": written_files(work / "checkpoints", work / "out"),
+                         "bytes_bare": written_files(work / "bare")}
     modes = {mode: summarize_mode(r) for mode, r in raw.items()}
     head, ours, mm = modes["async"], raw["async"]["bytes_ours"], raw["async"]["bytes_minimind"]
     ckpt = sum(v for k, v in ours["files"].items() if k.endswith(".ckpt"))
@@ -301,7 +279,7 @@ def run(quick: bool = False, reps: int | None = None) -> dict[str, Any]:
     data, tok = bc.default_data()
     results = [measure(h, n, reps, quick, data, tok) for h, n in (QUICK_SIZES if quick else FULL_SIZES)]
     main, detail, profile = render(results)
-    rates = digest_rates(8 if quick else 64)
+    rates = bc.byte_rates(8 if quick else 64)
     return {"reps": reps, "disk_dir": bc.rel(bc.cache_dir()), "async_save_available": True, "results": results,
             "table": main, "detail_table": detail, "rates_gb_per_s": rates,
             "rates_verdict": "Per-byte work on this machine: "

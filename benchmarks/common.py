@@ -13,15 +13,15 @@ import importlib
 import json
 import os
 import platform
+import queue
 import re
-import selectors
 import signal
 import statistics
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -88,6 +88,23 @@ def stats(values: Sequence[float]) -> dict[str, Any]:
     """min / median / max (and the raw values, in measurement order)."""
     vals = [float(v) for v in values]
     return {"min": min(vals), "median": statistics.median(vals), "max": max(vals), "n": len(vals), "values": vals}
+
+
+def byte_rates(mib: int) -> dict[str, float]:
+    """GB/s of per-byte work on this machine (best of 3): sha256, ``zlib.crc32`` on ``mib`` MiB and on a 1 MiB buffer
+    (in cache), a memory copy."""
+    import hashlib
+    import timeit
+    import zlib
+
+    big, small = os.urandom(mib << 20), os.urandom(1 << 20)
+    work = {"sha256": (big, lambda b: hashlib.sha256(b).digest()), f"crc32 (zlib), {mib} MiB": (big, zlib.crc32),
+            "crc32 (zlib), 1 MiB (in cache)": (small, zlib.crc32), "memory copy": (big, bytearray)}
+    out = {}
+    for name, (buf, fn) in work.items():
+        repeat = max(1, (64 << 20) // len(buf))
+        out[name] = len(buf) * repeat / min(timeit.timeit(lambda: fn(buf), number=repeat) for _ in range(3)) / 1e9
+    return out
 
 
 def fmt_num(x: float, digits: int = 3) -> str:
@@ -219,52 +236,37 @@ def kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
-def lines_as_read(proc: subprocess.Popen) -> Iterator[tuple[float, str]]:
-    """``(time.monotonic(), line)`` of both pipes, each line stamped when its bytes arrive (unbuffered reads)."""
-    sel = selectors.DefaultSelector()
-    pending = {}
-    for stream in (proc.stdout, proc.stderr):
-        sel.register(stream.fileno(), selectors.EVENT_READ)  # type: ignore[union-attr]
-        pending[stream.fileno()] = b""  # type: ignore[union-attr]
-    try:
-        while pending:
-            for key, _ in sel.select():
-                fd = int(key.fd)
-                chunk, now = os.read(fd, 1 << 16), time.monotonic()
-                if not chunk:
-                    sel.unregister(fd)
-                    if rest := pending.pop(fd):
-                        yield now, rest.decode(errors="replace")
-                    continue
-                *complete, pending[fd] = (pending[fd] + chunk).split(b"\n")
-                for raw in complete:
-                    yield now, raw.decode(errors="replace") + "\n"
-    finally:
-        sel.close()
-
-
 def launch(cmd: Sequence[str], work: Path, env: dict[str, str] | None = None, timeout: float = 900, until: Any = None,
            check: bool = True) -> dict[str, Any]:
-    """The one runner: ``cmd`` in ``work`` (its own session), both pipes read as lines come. ``@@bench {json}`` lines
-    (:mod:`benchmarks.probes`) become ``events`` (``t``: seconds after launch); every other line is kept with its
-    time. ``until(line)`` true: the process group is SIGKILLed there (``stopped``). CPU time from ``wait4``."""
+    """The one runner: ``cmd`` in ``work`` (its own session), both pipes read line by line, each line stamped when it
+    arrives. ``@@bench {json}`` lines (:mod:`benchmarks.probes`) become ``events`` (``t``: seconds after launch);
+    every other line is kept with its time. ``until(line)`` true: the process group is SIGKILLed there
+    (``stopped``). CPU time from ``wait4``."""
     work.mkdir(parents=True, exist_ok=True)
-    start = time.monotonic()
+    start, arrived = time.monotonic(), queue.SimpleQueue()
     proc = subprocess.Popen(list(cmd), cwd=work, env=env or child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
+
+    def pump(stream: Any) -> None:
+        for raw in stream:
+            arrived.put((time.monotonic() - start, raw.decode(errors="replace")))
+        arrived.put(None)
+
+    for stream in (proc.stdout, proc.stderr):
+        threading.Thread(target=pump, args=(stream,), daemon=True).start()
     timer = threading.Timer(timeout, kill_group, (proc.pid,))
     timer.start()
-    events, lines, stopped = [], [], False
+    events, lines, stopped, open_pipes = [], [], False, 2
     try:
-        for now, line in lines_as_read(proc):
-            if line.startswith("@@bench "):
-                event = json.loads(line[len("@@bench "):])
+        while open_pipes and not stopped:
+            if (item := arrived.get()) is None:
+                open_pipes -= 1
+            elif item[1].startswith("@@bench "):
+                event = json.loads(item[1][len("@@bench "):])
                 events.append({**event, "t": event["t"] - start})
             else:
-                lines.append((now - start, line))
-            if until is not None and until(line):
-                stopped = True
-                break
+                lines.append(item)
+            stopped = item is not None and until is not None and bool(until(item[1]))
     finally:
         timer.cancel()
         if stopped:

@@ -40,7 +40,7 @@ def summary(payloads: dict[str, dict[str, Any]]) -> str:
     for name, p in payloads.items():
         title, _, about = BENCHMARKS[name].__doc__.strip().partition(": ")  # "Title: what it is.\n\nhow ..."
         about = re.sub(r":\w+:`", "`", about[:1].upper() + about[1:].replace("``", "`"))  # rst as markdown
-        lines += [f"### {list(BENCHMARKS).index(name) + 1}. {title} ({p['reps']} repetitions; "
+        lines += [f"### {list(BENCHMARKS).index(name) + 1}. {title} (repetitions: {p['reps']}; "
                   f"{p['environment']['date']})", "", about.replace("\n\n", "\n"), ""]
         lines += [part for text in tables(p) for part in (text, "")]
     return "\n".join(lines)
