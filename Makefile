@@ -76,3 +76,26 @@ $(HF_STAMP):
 
 test-hf: $(STAMP) $(HF_STAMP)
 	$(PY) -m pytest -q -n 2 tests/test_hf_transformers.py $(PYTEST_ARGS)
+
+# lm-evaluation-harness for `python -m lit_minimind.eval` (tests/test_eval.py) in its own venv, as test-hf's
+# transformers: lm-eval brings datasets, evaluate, scikit-learn, ... (and its other models want transformers,
+# which breaks the project's torchmetrics); torch pinned first (the CPU wheel), then lm-eval, then the project
+# without extras. The tests run lm-eval there and skip without it.
+LM_EVAL ?= 0.4.13
+EVAL_VENV := .venv-eval
+EVAL_STAMP := $(EVAL_VENV)/.installed-$(LM_EVAL)
+
+.PHONY: install-eval test-eval
+
+$(EVAL_STAMP): pyproject.toml setup.cfg
+	$(PYTHON) -m venv $(EVAL_VENV)
+	$(EVAL_VENV)/bin/python -m pip install -q --upgrade pip
+	$(EVAL_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(EVAL_VENV)/bin/python -m pip install -q "lm-eval==$(LM_EVAL)"
+	$(EVAL_VENV)/bin/python -m pip install -q -e .
+	touch $(EVAL_STAMP)
+
+install-eval: $(EVAL_STAMP)
+
+test-eval: $(STAMP) $(EVAL_STAMP)
+	$(PY) -m pytest -q tests/test_eval.py $(PYTEST_ARGS)
