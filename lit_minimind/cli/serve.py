@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import torch
-import torch.nn.functional as F
 from tokenizers import Tokenizer
 
 from lit_minimind.cli.generate import load
@@ -49,6 +48,7 @@ from lit_minimind.data.chat_template import load_chat_template, render_chat
 from lit_minimind.data.tokenizer import EOS_ID
 from lit_minimind.errors import CheckpointError
 from lit_minimind.model import MiniMindForCausalLM
+from lit_minimind.model.minimind import pick_next_token
 
 __all__ = ["APIError", "ChatRequest", "ReplyParser", "StopFilter", "main", "parse_request", "sample_tokens"]
 
@@ -230,7 +230,6 @@ def sample_tokens(model: MiniMindForCausalLM, input_ids: torch.Tensor, max_new_t
     ``generator``, so the tokens are ``generate``'s (a test checks it); ends at ``eos_token_id``, which is not
     yielded, or after ``max_new_tokens``. The caller may stop iterating at any token.
     """
-    greedy = temperature == 0
     past = None
     ids = input_ids
     for _ in range(max_new_tokens):
@@ -238,21 +237,7 @@ def sample_tokens(model: MiniMindForCausalLM, input_ids: torch.Tensor, max_new_t
             past_len = past[0][0].shape[1] if past is not None else 0
             out = model(ids[:, past_len:], past_key_values=past, use_cache=True, logits_to_keep=1)
             past = out.past_key_values
-            logits = out.logits[:, -1, :].float()
-            if greedy:
-                next_token = logits.argmax(dim=-1, keepdim=True)
-            else:
-                logits = logits / temperature
-                if top_k > 0:
-                    kth = torch.topk(logits, min(top_k, logits.size(-1)))[0][..., -1, None]
-                    logits = logits.masked_fill(logits < kth, float("-inf"))
-                if top_p < 1.0:
-                    sorted_logits, sorted_idx = torch.sort(logits, descending=True)
-                    remove = torch.cumsum(F.softmax(sorted_logits, dim=-1), dim=-1) > top_p
-                    remove[..., 1:] = remove[..., :-1].clone()
-                    remove[..., 0] = False
-                    logits = logits.masked_fill(remove.scatter(1, sorted_idx, remove), float("-inf"))
-                next_token = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1, generator=generator)
+            next_token = pick_next_token(out.logits[:, -1, :].float(), temperature, top_p, top_k, generator)
             token = int(next_token)
             if token == eos_token_id:
                 return

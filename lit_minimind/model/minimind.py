@@ -423,6 +423,25 @@ class MiniMindModel(nn.Module):
         return self.norm(x), presents, aux_loss
 
 
+def pick_next_token(logits: torch.Tensor, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
+                    generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """The next token ``(B, 1)`` from the last position's ``logits`` ``(B, V)``: the argmax at ``temperature``
+    0, else a draw from ``generator`` after top-k and nucleus (top-p) filtering."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits / temperature
+    if top_k > 0:
+        kth = torch.topk(logits, min(top_k, logits.size(-1)))[0][..., -1, None]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, sorted_idx = torch.sort(logits, descending=True)
+        remove = torch.cumsum(F.softmax(sorted_logits, dim=-1), dim=-1) > top_p
+        remove[..., 1:] = remove[..., :-1].clone()  # always keep the top token
+        remove[..., 0] = False
+        logits = logits.masked_fill(remove.scatter(1, sorted_idx, remove), float("-inf"))
+    return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1, generator=generator)
+
+
 class MiniMindForCausalLM(nn.Module):
     """MiniMind language model: :class:`MiniMindModel` plus a (tied) LM head."""
 
@@ -521,22 +540,7 @@ class MiniMindForCausalLM(nn.Module):
             past = out.past_key_values if use_cache else None
             logits = out.logits[:, -1, :].float()
 
-            if greedy:
-                next_token = logits.argmax(dim=-1, keepdim=True)
-            else:
-                logits = logits / temperature
-                if top_k > 0:
-                    kth = torch.topk(logits, min(top_k, logits.size(-1)))[0][..., -1, None]
-                    logits = logits.masked_fill(logits < kth, float("-inf"))
-                if top_p < 1.0:
-                    sorted_logits, sorted_idx = torch.sort(logits, descending=True)
-                    remove = torch.cumsum(F.softmax(sorted_logits, dim=-1), dim=-1) > top_p
-                    remove[..., 1:] = remove[..., :-1].clone()  # always keep the top token
-                    remove[..., 0] = False
-                    logits = logits.masked_fill(remove.scatter(1, sorted_idx, remove), float("-inf"))
-                probs = F.softmax(logits, dim=-1)
-                next_token = torch.multinomial(probs, num_samples=1, generator=generator)
-
+            next_token = pick_next_token(logits, 0.0 if greedy else temperature, top_p, top_k, generator)
             if eos_token_id is not None:
                 next_token = next_token.masked_fill(finished[:, None], eos_token_id)
             input_ids = torch.cat([input_ids, next_token.to(input_ids.dtype)], dim=-1)
