@@ -165,6 +165,7 @@ def test_entry_points_import_no_lightning(tmp_path: Path) -> None:
              "from lit_minimind import MiniMindConfig, MiniMindForCausalLM, SkipBatchSampler, checkpoint_paths\n"
              "from lit_minimind import load_resume_checkpoint, save_resume_checkpoint\n"
              "import lit_minimind.inspect, lit_minimind.export, lit_minimind.generate, lit_minimind.merge_lora\n"
+             "import lit_minimind.serve, lit_minimind.eval\n"
              "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning'))\n"
              "assert not bad, bad[:5]\n")
     run = subprocess.run([sys.executable, "-c", check], cwd=tmp_path, env=cli_env(), capture_output=True, text=True,
