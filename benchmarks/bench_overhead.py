@@ -245,7 +245,7 @@ def plot(p: dict[str, Any], path: Path) -> Path:
     ratios = [(r["config"]["name"], r["ratio"], "tab:purple") for r in results]
     parts = [(label, {k: max(0.0, ms[side][k]["median"]) for k in ("data", *SHARED, "loop")}, 0.0)
              for side, label in (("plain", "plain"), ("lightning", "port"))]
-    return bc.chart(path, ("training throughput", "tokens/s (median, min–max)", tokens, {"xscale": "log"}),
+    return bc.chart(path, ("training throughput", "tokens/s (median, min–max)", tokens),
                     ("port overhead", f"port ÷ plain per repetition (target ≥ {TARGET_RATIO})", ratios),
                     (f"a micro-batch, {p['attribution']['config']['name']}", "ms (medians)", parts), width=14)
 

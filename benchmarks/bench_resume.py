@@ -3,8 +3,8 @@
 Per position ``K`` of a 1M-line jsonl (batch 4, seq 64, a 64x2 model) a MiniMind resume checkpoint at step ``K``
 (``save_resume_checkpoint``), then ``python -m lit_minimind.fit --ckpt_path <file>`` with ``Probe(count_reads=True)``,
 killed at its first console line; phases (medians) cut at the probe's hook events; samples read before the first batch
-(one batch: skipped ones are never read). Positions rotate after a warm-up run; ``fresh``: no checkpoint. Target: the
-last ÷ the first position <= 1.1.
+(one batch: skipped ones are never read). The data index is built once beforehand, in a plain process; positions
+rotate after a warm-up run; ``fresh``: no checkpoint. Target: the last ÷ the first position <= 1.1.
 """
 
 from __future__ import annotations
@@ -21,6 +21,10 @@ TARGET_RATIO = 1.1
 FULL = {"lines": 1_000_000, "positions": ["fresh", 0, 10_000, 100_000], "reps": 5, "warmup": True}
 QUICK = {"lines": 20_000, "positions": [0, 100, 1_000], "reps": 1, "warmup": False}
 MODEL, MAX_SEQ_LEN, BATCH_SIZE = {"hidden_size": 64, "num_hidden_layers": 2}, 64, 4
+# the data index built in a plain process, as the warm-up run would: the CLI's own first scan of a file over 64 MiB
+# hangs (its forked scan workers inherit the CLI's SIGTERM handler, so the pool's terminate() never ends them)
+INDEX = ("import sys; from lit_minimind.data.datamodule import MiniMindDataModule as M; "
+         "M(data_path=sys.argv[1], tokenizer_path=sys.argv[2]).setup('fit')")
 PHASES = [("python, imports, CLI parsing", "init"), ("model, Trainer, checkpoint read, data index", "setup"),
           ("Lightning restore, fit start", "train_start"), ("epoch start, first batch read", "batch_start"),
           ("first step", "batch_end")]
@@ -71,6 +75,7 @@ def run(quick: bool = False, reps: int | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-resume-", dir=bc.cache_dir(), ignore_cleanup_errors=True) as tmp:
         work = Path(tmp)
         ckpts = {p: make_checkpoint(work / f"ckpt_{p}", step[p]) if p != "fresh" else None for p in positions}
+        bc.launch([sys.executable, "-c", INDEX, str(data), str(tok)], work)
         if spec["warmup"]:
             bc.say("  warm-up run (page cache, first imports) ...")
             run_once(data, tok, work, step[positions[-1]], ckpts[positions[-1]])

@@ -147,9 +147,9 @@ def write_json(path: Path, payload: dict[str, Any]) -> Path:
 
 
 def chart(path: Path, *panels: tuple, width: float = 10) -> Path:
-    """A figure of horizontal-bar panels side by side, each ``(title, xlabel, rows[, ax.set keywords])``, rows top to
-    bottom. A row ``(label, value, extra)``: ``value`` a number or a :func:`stats` dict (a bar at the median, min–max
-    as its error bar) in colour ``extra``, or a dict of segments stacked from ``extra`` (a colour per segment)."""
+    """A figure of horizontal-bar panels side by side, each ``(title, xlabel, rows)``, rows top to bottom. A row
+    ``(label, value, extra)``: ``value`` a number or a :func:`stats` dict (a bar at the median, min–max as its error
+    bar) in colour ``extra``, or a dict of segments stacked from ``extra`` (a colour per segment)."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display
@@ -158,7 +158,7 @@ def chart(path: Path, *panels: tuple, width: float = 10) -> Path:
                                                for k in v))
     height = 1.2 + max(0.3 * len(p[2]) + 0.12 * len(segments(p[2])) for p in panels)
     fig, axes = plt.subplots(1, len(panels), figsize=(width, height), squeeze=False)
-    for ax, (title, xlabel, rows, *more) in zip(axes[0], panels):
+    for ax, (title, xlabel, rows) in zip(axes[0], panels):
         names = segments(rows)
         for y, (_, value, extra) in enumerate(rows):
             if isinstance(value, dict) and "median" not in value:
@@ -171,7 +171,7 @@ def chart(path: Path, *panels: tuple, width: float = 10) -> Path:
                         xerr=[[s["median"] - s["min"]], [s["max"] - s["median"]]])
         ax.set_yticks(range(len(rows)), [r[0] for r in rows], fontsize=8)
         ax.invert_yaxis()
-        ax.set(xlabel=xlabel, title=title, **(more[0] if more else {}))
+        ax.set(xlabel=xlabel, title=title)
         if names:
             handles = [plt.Rectangle((0, 0), 1, 1, color=f"C{i % 10}") for i in range(len(names))]
             ax.legend(handles, names, fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1))
