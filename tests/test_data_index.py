@@ -6,6 +6,7 @@ import fcntl
 import json
 import os
 import pickle
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -193,6 +194,27 @@ def test_parallel_scan_matches_and_names_the_first_bad_line(tmp_path: Path, work
     path.write_text("".join(body))
     with pytest.raises(DataError, match=r"d.jsonl: line 251: not valid JSON"):
         scan_offsets(path, check_pretrain_record, workers=workers)
+
+
+def signal_self_at_record(record: dict, where: str) -> None:
+    """A record check (module level: picklable) that signals its own process at the record "SIGTERM" or "SIGKILL"."""
+    check_pretrain_record(record, where)
+    if record["text"] in ("SIGTERM", "SIGKILL"):
+        os.kill(os.getpid(), getattr(signal, record["text"]))
+
+
+def test_a_parallel_scan_survives_a_stop_signal_and_a_dead_worker_is_an_error(tmp_path: Path) -> None:
+    """The scan's processes ignore SIGTERM (the group's stop belongs to the main process: the scan completes);
+    one killed outright is one DataError naming its range, never a hang."""
+    texts = [f"t{i}" for i in range(300)]
+    texts[250] = "SIGTERM"  # in the second range
+    path = write(tmp_path / "d.jsonl", texts)
+    offsets, lines = scan_offsets(path, signal_self_at_record, workers=2)
+    assert offsets.tolist() == expected_offsets(path) and lines == 300
+    texts[250] = "SIGKILL"
+    path = write(tmp_path / "e.jsonl", texts)
+    with pytest.raises(DataError, match=r"e.jsonl: the process indexing bytes \d+-\d+ died \(exit -9\)"):
+        scan_offsets(path, signal_self_at_record, workers=2)
 
 
 _RACER = """

@@ -151,13 +151,7 @@ def scan_offsets(path: Path, check: RecordCheck, workers: int = 1) -> tuple[np.n
         workers = 1
     ranges = _byte_ranges(path, size, workers) if workers > 1 else [(0, size)]
     jobs = [(path, start, end, check) for start, end in ranges]
-    if len(jobs) > 1:
-        import multiprocessing
-
-        with multiprocessing.get_context("fork").Pool(min(workers, len(jobs))) as pool:
-            parts = pool.map(_scan_range, jobs, chunksize=1)
-    else:
-        parts = [_scan_range(job) for job in jobs]
+    parts = _scan_in_processes(jobs) if len(jobs) > 1 else [_scan_range(job) for job in jobs]
     lines = 0
     for _, count, bad in parts:
         if bad is not None:  # the first bad line of the first range that has one: the file's first
@@ -171,6 +165,53 @@ def scan_offsets(path: Path, check: RecordCheck, workers: int = 1) -> tuple[np.n
     if not len(offsets):
         raise DataError(f"{path}: no records (the file is empty or has only blank lines)")
     return offsets, lines
+
+
+def _scan_in_processes(jobs: list[tuple[Path, int, int, RecordCheck]]) -> list[tuple[np.ndarray, int, tuple[int, int] | None]]:
+    """Each job scanned in a forked process of its own, which ignores stop signals (the main process owns the
+    stop, as with DataLoader workers: a group's SIGTERM must not kill a scan half-way). Written by hand, not
+    with ``multiprocessing.Pool``: a pool ends its workers with SIGTERM, which such workers ignore (its exit
+    then waits forever), and a worker that dies loses its task without a word. Here a dead worker is an error
+    naming its range, and any way out kills what is left."""
+    import multiprocessing
+    from multiprocessing.connection import wait
+
+    ctx = multiprocessing.get_context("fork")
+    pipes = [ctx.Pipe(duplex=False) for _ in jobs]
+    procs = [ctx.Process(target=_scan_worker, args=(job, send), daemon=True) for job, (_, send) in zip(jobs, pipes)]
+    parts: dict[int, tuple[np.ndarray, int, tuple[int, int] | None]] = {}
+    try:
+        for proc in procs:
+            proc.start()
+        for _, send in pipes:
+            send.close()  # this process's copy: a dead worker's pipe then reads EOF
+        waiting = {recv: k for k, (recv, _) in enumerate(pipes)}
+        while waiting:
+            for recv in wait(list(waiting)):
+                k = waiting.pop(recv)
+                try:
+                    parts[k] = recv.recv()
+                except EOFError:
+                    path, start, end, _ = jobs[k]
+                    procs[k].join()
+                    raise DataError(f"{path}: the process indexing bytes {start}-{end} died (exit "
+                                    f"{procs[k].exitcode}); run again") from None
+        for proc in procs:
+            proc.join()
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    return [parts[k] for k in range(len(jobs))]
+
+
+def _scan_worker(job: tuple[Path, int, int, RecordCheck], send: Any) -> None:
+    from lit_minimind.data.workers import ignore_stop_signals
+
+    ignore_stop_signals(0)
+    send.send(_scan_range(job))
+    send.close()
 
 
 def _picklable(check: RecordCheck) -> bool:
