@@ -38,6 +38,7 @@ from tqdm import tqdm
 from lit_minimind.data.chat_template import render_chat
 from lit_minimind.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from lit_minimind.model import MiniMindForCausalLM
+from lit_minimind.model.minimind import pick_next_token
 
 __all__ = ["MiniMindLM"]
 
@@ -165,21 +166,7 @@ class MiniMindLM(TemplateLM):
         for _ in range(max_new):
             out = self.model(x, past_key_values=past, use_cache=True, logits_to_keep=1)
             past = out.past_key_values
-            logits = out.logits[:, -1, :].float()
-            if not sample:
-                token = int(logits.argmax(dim=-1))
-            else:
-                logits = logits / temperature
-                if top_k > 0:
-                    kth = torch.topk(logits, min(top_k, logits.size(-1)))[0][..., -1, None]
-                    logits = logits.masked_fill(logits < kth, float("-inf"))
-                if top_p < 1.0:
-                    sorted_logits, sorted_idx = torch.sort(logits, descending=True)
-                    remove = torch.cumsum(F.softmax(sorted_logits, dim=-1), dim=-1) > top_p
-                    remove[..., 1:] = remove[..., :-1].clone()
-                    remove[..., 0] = False
-                    logits = logits.masked_fill(remove.scatter(1, sorted_idx, remove), float("-inf"))
-                token = int(torch.multinomial(F.softmax(logits, dim=-1), num_samples=1))
+            token = int(pick_next_token(out.logits[:, -1, :].float(), temperature if sample else 0.0, top_p, top_k))
             if token == EOS_ID:
                 break
             new.append(token)
