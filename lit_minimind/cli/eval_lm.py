@@ -38,7 +38,7 @@ from tqdm import tqdm
 from lit_minimind.data.chat_template import render_chat
 from lit_minimind.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from lit_minimind.model import MiniMindForCausalLM
-from lit_minimind.model.minimind import pick_next_token
+from lit_minimind.model.minimind import sample_tokens
 
 __all__ = ["MiniMindLM"]
 
@@ -155,27 +155,20 @@ class MiniMindLM(TemplateLM):
             self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
         return results
 
-    @torch.inference_mode()
     def _generate(self, ids: list[int], max_new: int, until: list[str], sample: bool, temperature: float,
                   top_p: float, top_k: int) -> list[int]:
-        """New tokens after ``ids`` (KV cache, the calls ``MiniMindForCausalLM.generate`` makes), stopping after the
-        first that completes a stop string, before an EOS, or at ``max_new``."""
-        x = torch.tensor([ids], device=self._device)
-        past = None
+        """New tokens after ``ids`` (``model.minimind.sample_tokens``: the calls ``MiniMindForCausalLM.generate``
+        makes), stopping after the first that completes a stop string, before an EOS, or at ``max_new``."""
         new: list[int] = []
-        for _ in range(max_new):
-            out = self.model(x, past_key_values=past, use_cache=True, logits_to_keep=1)
-            past = out.past_key_values
-            token = int(pick_next_token(out.logits[:, -1, :].float(), temperature if sample else 0.0, top_p, top_k))
-            if token == EOS_ID:
-                break
+        tokens = sample_tokens(self.model, torch.tensor([ids], device=self._device), max_new,
+                               temperature if sample else 0.0, top_p, top_k, eos_token_id=EOS_ID)
+        for token in tokens:
             new.append(token)
             if len(ids) + len(new) >= self.max_length:
                 break
             text = self.tok_decode(new)
             if any(stop and stop in text for stop in until):
                 break
-            x = torch.tensor([[token]], device=self._device)
         return new
 
     # -- chat template (--apply_chat_template) --------------------------------------------------------------

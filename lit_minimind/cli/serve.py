@@ -48,7 +48,7 @@ from lit_minimind.data.chat_template import load_chat_template, render_chat
 from lit_minimind.data.tokenizer import EOS_ID
 from lit_minimind.errors import CheckpointError
 from lit_minimind.model import MiniMindForCausalLM
-from lit_minimind.model.minimind import pick_next_token
+from lit_minimind.model.minimind import sample_tokens
 
 __all__ = ["APIError", "ChatRequest", "ReplyParser", "StopFilter", "main", "parse_request", "sample_tokens"]
 
@@ -219,30 +219,6 @@ def parse_request(raw: bytes) -> ChatRequest:
 
 
 # ---------------------------------------------------------------------------------------------- generation
-
-
-def sample_tokens(model: MiniMindForCausalLM, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-                  top_p: float = 1.0, top_k: int = 0, eos_token_id: int | None = EOS_ID,
-                  generator: torch.Generator | None = None) -> Iterator[int]:
-    """The tokens ``model.generate(input_ids, ...)`` would produce, one at a time, as it produces them.
-
-    The same forward calls (KV cache, ``logits_to_keep=1``), the same sampling and the same draws from
-    ``generator``, so the tokens are ``generate``'s (a test checks it); ends at ``eos_token_id``, which is not
-    yielded, or after ``max_new_tokens``. The caller may stop iterating at any token.
-    """
-    past = None
-    ids = input_ids
-    for _ in range(max_new_tokens):
-        with torch.inference_mode():
-            past_len = past[0][0].shape[1] if past is not None else 0
-            out = model(ids[:, past_len:], past_key_values=past, use_cache=True, logits_to_keep=1)
-            past = out.past_key_values
-            next_token = pick_next_token(out.logits[:, -1, :].float(), temperature, top_p, top_k, generator)
-            token = int(next_token)
-            if token == eos_token_id:
-                return
-            ids = torch.cat([ids, next_token.to(ids.dtype)], dim=-1)
-        yield token
 
 
 class TextStream:

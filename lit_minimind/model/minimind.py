@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -440,6 +440,30 @@ def pick_next_token(logits: torch.Tensor, temperature: float = 1.0, top_p: float
         remove[..., 0] = False
         logits = logits.masked_fill(remove.scatter(1, sorted_idx, remove), float("-inf"))
     return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1, generator=generator)
+
+
+def sample_tokens(model: MiniMindForCausalLM, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+                  top_p: float = 1.0, top_k: int = 0, eos_token_id: int | None = 2,
+                  generator: torch.Generator | None = None) -> Iterator[int]:
+    """The tokens ``model.generate(input_ids, ...)`` would produce, one at a time, as it produces them.
+
+    The same forward calls (KV cache, ``logits_to_keep=1``), the same sampling and the same draws from
+    ``generator``, so the tokens are ``generate``'s (a test checks it); ends at ``eos_token_id``, which is not
+    yielded, or after ``max_new_tokens``. The caller may stop iterating at any token.
+    """
+    past = None
+    ids = input_ids
+    for _ in range(max_new_tokens):
+        with torch.inference_mode():
+            past_len = past[0][0].shape[1] if past is not None else 0
+            out = model(ids[:, past_len:], past_key_values=past, use_cache=True, logits_to_keep=1)
+            past = out.past_key_values
+            next_token = pick_next_token(out.logits[:, -1, :].float(), temperature, top_p, top_k, generator)
+            token = int(next_token)
+            if token == eos_token_id:
+                return
+            ids = torch.cat([ids, next_token.to(ids.dtype)], dim=-1)
+        yield token
 
 
 class MiniMindForCausalLM(nn.Module):
