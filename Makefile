@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: lint fit test test-slow test-compat test-hf bench bench-gpu install clean
+.PHONY: lint fit test test-slow test-compat test-hf bench test-bench bench-gpu install clean
 
 $(STAMP): pyproject.toml setup.cfg
 	$(PYTHON) -m venv $(VENV)
@@ -23,7 +23,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 test: $(STAMP) lint
-	$(PY) -m pytest -q -n 2 -m "not slow" tests $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 2 -m "not slow and not bench" tests $(PYTEST_ARGS)
 
 # minutes-long checks (torch.compile on CPU, ...): CI runs them after `make test`
 test-slow: $(STAMP)
@@ -35,6 +35,11 @@ test-mutants: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run_all
+
+# the benchmarks' own smoke runs (every benchmark at toy size, about 6 min on 2 cores): after changing benchmarks/;
+# not in CI, which tests the product (make bench would find a broken benchmark too, later)
+test-bench: $(STAMP)
+	$(PY) -m pytest -q -n 2 -m bench tests $(PYTEST_ARGS)
 
 # on a CUDA machine, with a prepared Python whose torch is a CUDA build (no install step):
 #   make bench-gpu PY=/path/to/python      (default .venv/bin/python)

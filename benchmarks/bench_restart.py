@@ -1,6 +1,8 @@
 """Restart breakdown: where the seconds of a resume start go, process start -> first optimizer step.
 
-A 64x2 model trains 3 steps and saves; each repetition (rotated) starts ``python -X importtime -m lit_minimind.fit
+A 64x2 model on the embedded corpus, and (not with ``--quick``) MiniMind's 768x8 on a seeded 1,270,238-record file
+(its ``pretrain_t2t_mini.jsonl``; target: at most 1.5 s more than ``import torch, lightning``), trains 3 steps and
+saves; each repetition (rotated) starts ``python -X importtime -m lit_minimind.fit
 --ckpt_path last``, killed at its first console line. Phases cut at lines it prints anyway, stamped as read (the
 ``-X importtime`` lines of ``site`` and ``lit_minimind.cli.fit``, ``Seed set``, Lightning's ``Restoring states`` /
 ``Restored all states``, the console line); the span before ``Restoring`` timed in parts alone in a fresh process with
@@ -19,8 +21,9 @@ from typing import Any
 from benchmarks import common as bc
 
 NAME = "restart"
-MODEL, MAX_SEQ_LEN, BATCH_SIZE = {"hidden_size": 64, "num_hidden_layers": 2}, 64, 4
-TRAINED_STEPS, STEM = 3, "pretrain_64"
+MAX_SEQ_LEN, BATCH_SIZE, TRAINED_STEPS = 64, 4, 3
+SIZES = {"64x2": ((64, 2), None), "768x8": ((768, 8), 1_270_238)}  # (hidden, layers), records (None: embedded corpus)
+MINIMIND_TARGET_S = 1.5  # at 768x8: a resume start at most this much longer than `import torch, lightning`
 PHASES = [("interpreter start-up", "site"), ("imports (torch, Lightning, CLI)", "imports"), ("CLI parsing", "seed"),
           ("model + Trainer, checkpoint choice + read, data index, Lightning set-up", "restoring"),
           ("Lightning restore (+ its logger's hparams file)", "restored"), ("first optimizer step", "first_line")]
@@ -34,7 +37,7 @@ from lit_minimind.data.datamodule import MiniMindDataModule
 from lit_minimind.resume.io import read_start_checkpoint
 ckpt_dir, data, tok = sys.argv[1:4]
 t0 = time.perf_counter()
-path = choose_checkpoint("last", ckpt_dir, "{STEM}", 0)
+path = choose_checkpoint("last", ckpt_dir, sys.argv[4], 0)
 t1 = time.perf_counter()
 read_start_checkpoint(path)
 t2 = time.perf_counter()
@@ -95,12 +98,12 @@ def late_imports(run: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def measure(reps: int, data: Path, tok: Path, work: Path) -> dict[str, list[Any]]:
-    flags = {**bc.model_flags(*MODEL.values(), MAX_SEQ_LEN, BATCH_SIZE), "log_interval": 1}
+def measure(reps: int, data: Path, tok: Path, work: Path, hidden: int, layers: int) -> dict[str, list[Any]]:
+    flags = {**bc.model_flags(hidden, layers, MAX_SEQ_LEN, BATCH_SIZE), "log_interval": 1}
     first = {**flags, "trainer.max_steps": TRAINED_STEPS, "resume.save_interval": TRAINED_STEPS}
     bc.launch(bc.fit_cmd(work, data, tok, first), work)
     cmd = bc.fit_cmd(work, data, tok, flags, "--ckpt_path", "last")  # killed before any save
-    isolated = [sys.executable, "-c", ISOLATED, str(work / "checkpoints"), str(data), str(tok)]
+    isolated = [sys.executable, "-c", ISOLATED, str(work / "checkpoints"), str(data), str(tok), f"pretrain_{hidden}"]
     runs: dict[str, list[Any]] = {k: [] for k in KINDS}
     for rep in range(reps):
         for kind in bc.alternating(KINDS, rep):
@@ -118,11 +121,15 @@ def measure(reps: int, data: Path, tok: Path, work: Path) -> dict[str, list[Any]
     return runs
 
 
-def run(quick: bool = False, reps: int | None = None) -> dict[str, Any]:
-    reps = reps or (1 if quick else 5)
+def breakdown(reps: int, size: str) -> dict[str, Any]:
+    """The phases of a resume start of one model size, with the bare import beside them."""
+    (hidden, layers), records = SIZES[size]
     data, tok = bc.default_data()
+    if records:
+        data = bc.synthetic_jsonl(records, 600, 1100)  # MiniMind's pretraining records, cached
+    bc.say(f"  {size}: {bc.rel(data)}")
     with tempfile.TemporaryDirectory(prefix="bench-restart-", dir=bc.cache_dir(), ignore_cleanup_errors=True) as tmp:
-        runs = measure(reps, data, tok, Path(tmp))
+        runs = measure(reps, data, tok, Path(tmp), hidden, layers)
     traced, parts = runs[KINDS[0]], runs["isolated parts"]
     by_phase = [dict((label, hi - lo) for label, lo, hi in bounds(r)) for r in traced]
     phases = {label: bc.stats([b[label] for b in by_phase]) for label, _ in PHASES}
@@ -149,12 +156,13 @@ def run(quick: bool = False, reps: int | None = None) -> dict[str, Any]:
              ['`python -X importtime -c "import torch, lightning"`: imports done', cell(bare), share(bare),
               "with matplotlib, which torchmetrics loads here; the CLI switches that off"],
              ["… and the process's exit", cell(bare_exit), share(bare_exit), ""]]
-    verdict = (f"A resume start of the tiny model reaches its first optimizer step {plain['median']:.2f} s after "
+    verdict = (f"A resume start of the {size} model reaches its first optimizer step {plain['median']:.2f} s after "
                f"launch; `import torch, lightning` alone takes {bare['median']:.2f} s, {share(bare)} of the resume "
                f"start's {total['median']:.2f} s with -X importtime. Largest packages' first imports (cumulative: a "
                "package's time includes what it imported first): "
                + ", ".join(f"{n} {s:.2f} s" for s, n in top_imports[:5]) + ".")
-    return {"reps": reps, "model": MODEL, "max_seq_len": MAX_SEQ_LEN, "batch_size": BATCH_SIZE,
+    return {"reps": reps, "model": {"hidden_size": hidden, "num_hidden_layers": layers}, "records": records,
+            "max_seq_len": MAX_SEQ_LEN, "batch_size": BATCH_SIZE,
             "trained_steps": TRAINED_STEPS, "phases_s": phases, "isolated_parts_s": parts, "late_imports": late,
             "launch_to_first_step_s": total, "launch_to_first_step_plain_s": plain, "import_torch_lightning_s": bare,
             "import_torch_lightning_exit_s": bare_exit,
@@ -162,6 +170,20 @@ def run(quick: bool = False, reps: int | None = None) -> dict[str, Any]:
             "table": bc.table(["phase", "s med (min–max)", "share", "late imports in it (-X importtime)"], rows),
             "verdict": verdict, "runs": {"events": [r["events"] for r in traced],
                                          "plain_events": [r["events"] for r in runs["resume"]]}}
+
+
+def run(quick: bool = False, reps: int | None = None) -> dict[str, Any]:
+    payload = breakdown(reps or (1 if quick else 5), "64x2")
+    if quick:
+        return payload
+    big = breakdown(min(reps or 3, 3), "768x8")
+    extra = big["launch_to_first_step_plain_s"]["median"] - big["import_torch_lightning_s"]["median"]
+    met = "yes" if extra <= MINIMIND_TARGET_S else "NO"
+    verdict = (f"At MiniMind's size (768x8, {SIZES['768x8'][1]:,} records): a resume start reaches its first "
+               f"optimizer step **{extra:+.2f} s** after `import torch, lightning` alone takes "
+               f"(target ≤ {MINIMIND_TARGET_S} s: {met}). " + big["verdict"])
+    return {**payload, "minimind_size": {k: v for k, v in big.items() if k not in ("table", "verdict")},
+            "minimind_size_table": big["table"], "minimind_size_verdict": verdict, "minimind_size_extra_s": extra}
 
 
 def plot(p: dict[str, Any], path: Path) -> Path:

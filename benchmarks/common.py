@@ -237,15 +237,26 @@ def kill_group(pid: int) -> None:
 
 
 def launch(cmd: Sequence[str], work: Path, env: dict[str, str] | None = None, timeout: float = 900, until: Any = None,
-           check: bool = True) -> dict[str, Any]:
+           check: bool = True, signal_at: tuple[float, int] | None = None) -> dict[str, Any]:
     """The one runner: ``cmd`` in ``work`` (its own session), both pipes read line by line, each line stamped when it
     arrives. ``@@bench {json}`` lines (:mod:`benchmarks.probes`) become ``events`` (``t``: seconds after launch);
     every other line is kept with its time. ``until(line)`` true: the process group is SIGKILLed there
-    (``stopped``). CPU time from ``wait4``."""
+    (``stopped``). ``signal_at=(seconds, signum)``: that signal to the process group then, if it still runs
+    (``signalled_s``: when). CPU time from ``wait4``."""
     work.mkdir(parents=True, exist_ok=True)
     start, arrived = time.monotonic(), queue.SimpleQueue()
     proc = subprocess.Popen(list(cmd), cwd=work, env=env or child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
+    signalled: list[float] = []
+
+    def deliver(signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError):  # no poll(): it could reap the child before wait4 below
+            os.killpg(proc.pid, signum)
+            signalled.append(time.monotonic() - start)
+
+    signaller = threading.Timer(max(0.0, signal_at[0]), deliver, (signal_at[1],)) if signal_at else None
+    if signaller:
+        signaller.start()
 
     def pump(stream: Any) -> None:
         for raw in stream:
@@ -269,6 +280,8 @@ def launch(cmd: Sequence[str], work: Path, env: dict[str, str] | None = None, ti
             stopped = item is not None and until is not None and bool(until(item[1]))
     finally:
         timer.cancel()
+        if signaller:
+            signaller.cancel()
         if stopped:
             kill_group(proc.pid)
         _, status, usage = os.wait4(proc.pid, 0)
@@ -278,7 +291,7 @@ def launch(cmd: Sequence[str], work: Path, env: dict[str, str] | None = None, ti
         raise RuntimeError(f"{' '.join(cmd[:4])} ... failed (exit {proc.returncode}, {wall:.0f} s) in {work}:\n"
                            + tail(lines))
     return {"returncode": proc.returncode, "events": events, "lines": lines, "stopped": stopped, "wall_s": wall,
-            "cpu_s": usage.ru_utime + usage.ru_stime}
+            "cpu_s": usage.ru_utime + usage.ru_stime, "signalled_s": signalled[0] if signalled else None}
 
 
 def tail(lines: list[tuple[float, str]], n: int = 30) -> str:

@@ -1,5 +1,5 @@
 """Run every benchmark (make bench) and write summary.md: port overhead, checkpoint cost, resume cost, verify speed,
-data set-up, checkpoints on object storage, the restart breakdown. Each writes ``<name>.json`` and ``<name>.png`` under
+data set-up, checkpoints on object storage, the restart breakdown, goodput under chaos. Each writes ``<name>.json`` and ``<name>.png`` under
 the results directory (default ``benchmarks/results/``); after a full run into the default directory the tables in
 ``benchmarks/README.md`` (between the ``bench-results`` markers) are refreshed. ``python -m benchmarks.run_all
 [--quick] [--only NAME ...] [--results-dir DIR] [--threads N] [--no-readme]``; ``--quick``: toy sizes, numbers mean
@@ -22,7 +22,7 @@ from benchmarks.common import RESULTS_DIR, execute, say, tables
 from lit_minimind.checkpoint.atomic import atomic_write_bytes
 
 BENCHMARKS = {name: importlib.import_module(f"benchmarks.bench_{name}")
-              for name in ("overhead", "checkpoint", "resume", "verify", "data", "remote", "restart")}
+              for name in ("overhead", "checkpoint", "resume", "verify", "data", "remote", "restart", "chaos")}
 README = Path(__file__).resolve().parent / "README.md"
 START, END = "<!-- bench-results:start -->", "<!-- bench-results:end -->"
 

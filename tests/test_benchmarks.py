@@ -39,7 +39,7 @@ def positive(s: dict) -> bool:
     return 0 < s["min"] <= s["median"] <= s["max"] and len(s["values"]) == s["n"] >= 1
 
 
-@pytest.mark.slow  # the quick run of every benchmark: a minute on 2 cores (make test-slow)
+@pytest.mark.bench  # the quick run of every benchmark: minutes on 2 cores (make test-bench)
 def test_overhead_quick(quick_run: tuple[Path, str]) -> None:
     out, stdout = quick_run
     data = load(out, "overhead")
@@ -56,7 +56,7 @@ def test_overhead_quick(quick_run: tuple[Path, str]) -> None:
     assert data["attribution_table"] in stdout
 
 
-@pytest.mark.slow  # the quick run of every benchmark: a minute on 2 cores (make test-slow)
+@pytest.mark.bench  # the quick run of every benchmark: minutes on 2 cores (make test-bench)
 def test_checkpoint_quick(quick_run: tuple[Path, str]) -> None:
     out, stdout = quick_run
     data = load(out, "checkpoint")
@@ -88,7 +88,7 @@ def test_checkpoint_quick(quick_run: tuple[Path, str]) -> None:
         assert 0.5 * b["ours_ckpt"] < r["modes"]["async"]["snapshot_bytes"] < 1.5 * b["ours_ckpt"]
 
 
-@pytest.mark.slow  # the quick run of every benchmark: a minute on 2 cores (make test-slow)
+@pytest.mark.bench  # the quick run of every benchmark: minutes on 2 cores (make test-bench)
 def test_resume_quick(quick_run: tuple[Path, str]) -> None:
     out, stdout = quick_run
     data = load(out, "resume")
@@ -104,7 +104,7 @@ def test_resume_quick(quick_run: tuple[Path, str]) -> None:
         assert sum(phases.values()) == pytest.approx(r["total_s"]["median"], rel=1e-6)
 
 
-@pytest.mark.slow  # the quick run of every benchmark: a minute on 2 cores (make test-slow)
+@pytest.mark.bench  # the quick run of every benchmark: minutes on 2 cores (make test-bench)
 def test_data_quick(quick_run: tuple[Path, str]) -> None:
     out, stdout = quick_run
     data = load(out, "data")
@@ -118,7 +118,7 @@ def test_data_quick(quick_run: tuple[Path, str]) -> None:
         assert data["minimind"]["first_load"]["median"] > 0
 
 
-@pytest.mark.slow  # the quick run of every benchmark: a minute on 2 cores (make test-slow)
+@pytest.mark.bench  # the quick run of every benchmark: minutes on 2 cores (make test-bench)
 def test_remote_quick(quick_run: tuple[Path, str]) -> None:
     """Checkpoints on object storage: both upload variants and both stalls measured (moto on localhost)."""
     out, stdout = quick_run
@@ -129,7 +129,7 @@ def test_remote_quick(quick_run: tuple[Path, str]) -> None:
     assert "### 6. Checkpoints on object storage" in (out / "summary.md").read_text()
 
 
-@pytest.mark.slow  # the quick run of every benchmark: a minute on 2 cores (make test-slow)
+@pytest.mark.bench  # the quick run of every benchmark: minutes on 2 cores (make test-bench)
 def test_restart_quick(quick_run: tuple[Path, str]) -> None:
     """The restart breakdown: its phases, cut at lines the resume start printed, add up to launch -> first
     optimizer step; imports dominate; the isolated parts and the bare import of torch and Lightning are measured."""
@@ -146,7 +146,26 @@ def test_restart_quick(quick_run: tuple[Path, str]) -> None:
     assert {"torch", "lightning"} <= {i["name"] for i in data["top_imports_s"]}
 
 
-@pytest.mark.slow  # the quick run of every benchmark: a minute on 2 cores (make test-slow)
+@pytest.mark.bench  # the quick run of every benchmark: minutes on 2 cores (make test-bench)
+def test_chaos_quick(quick_run: tuple[Path, str]) -> None:
+    """Goodput under chaos: the run was signalled and restarted, ended with the uninterrupted run's weights, and
+    every measure is reported (MiniMind's side is left out without a checkout, and says so)."""
+    out, stdout = quick_run
+    data = load(out, "chaos")
+    assert data["table"] in stdout and "### 8. Goodput under chaos" in (out / "summary.md").read_text()
+    assert "no MiniMind checkout" in data["verdict"] and "minimind" not in data["baseline_s"]
+    auto = data["by_mean"]["10"]["auto"]
+    assert auto["weights"]["equal"] is True and auto["weights"]["max_abs_diff"] == 0
+    assert 0 < auto["goodput"] <= 1.05 and auto["wall_s"] > data["baseline_s"]["ours"] * 0.95
+    signals = auto["signals"]["SIGKILL"] + auto["signals"]["SIGTERM"]
+    # every signal ended a start and the last start finished (one may land as it exits: counted, harmless)
+    assert auto["starts"] >= 2 and auto["starts"] - 1 <= signals <= auto["starts"], auto
+    assert auto["restart_s"]["n"] >= 1 and 0.5 < auto["restart_s"]["p50"] <= auto["restart_s"]["p95"] < 60
+    assert auto["redone_after_term"] == 0  # a SIGTERM saves at the step boundary: nothing is trained twice
+    assert 0 < auto["save_s"] < 5 and auto["tau_s"] > 0 and auto["young_daly"] is not None
+
+
+@pytest.mark.bench  # the quick run of every benchmark: minutes on 2 cores (make test-bench)
 def test_summary_quick(quick_run: tuple[Path, str]) -> None:
     out, _ = quick_run
     text = (out / "summary.md").read_text()
@@ -167,7 +186,7 @@ def test_readme_tables_are_replaced_between_markers(tmp_path: Path) -> None:
     assert not update_readme("x", tmp_path / "plain.md")
 
 
-@pytest.mark.slow  # the quick run of every benchmark: a minute on 2 cores (make test-slow)
+@pytest.mark.bench  # the quick run of every benchmark: minutes on 2 cores (make test-bench)
 def test_loop_phases_quick(quick_run: tuple[Path, str]) -> None:
     """Written by bench_overhead from its attribution runs: every stamped boundary of both loops shows up, the shared
     work is kept out of the loop totals."""
@@ -204,7 +223,7 @@ def test_alternating_rotates_every_item_through_every_slot() -> None:
     assert [alternating(["x", "y"], rep) for rep in range(2)] == [["x", "y"], ["y", "x"]]
 
 
-@pytest.mark.slow  # the quick run of every benchmark: a minute on 2 cores (make test-slow)
+@pytest.mark.bench  # the quick run of every benchmark: minutes on 2 cores (make test-bench)
 def test_overhead_quick_reports_loop_overhead_and_skips_compile(quick_run: tuple[Path, str]) -> None:
     out, stdout = quick_run
     data = load(out, "overhead")
@@ -216,7 +235,7 @@ def test_overhead_quick_reports_loop_overhead_and_skips_compile(quick_run: tuple
     assert data["compile"] == {"skipped": "--quick"} and data["compile_table"] == ""  # a CPU compile takes a minute
 
 
-@pytest.mark.slow  # torch.compile on CPU: about a minute
+@pytest.mark.bench  # torch.compile on CPU: about a minute (make test-bench)
 def test_overhead_compile_measures_eager_and_compiled() -> None:
     from benchmarks.bench_overhead import Config, compile_measure, render_compile
     from benchmarks.common import default_data, set_threads
@@ -235,7 +254,7 @@ def test_overhead_compile_measures_eager_and_compiled() -> None:
 # --------------------------------------------------------------------------- bench_gpu (GPU; --quick on CPU)
 
 
-@pytest.mark.slow  # about ten CLI processes: a minute on 2 cores
+@pytest.mark.bench  # about ten CLI processes: a minute on 2 cores (make test-bench)
 def test_gpu_benchmark_quick_smoke(tmp_path: Path) -> None:
     """``bench_gpu --quick``: every part runs on the CPU and reports, without claiming GPU results."""
     out = tmp_path / "results"

@@ -159,7 +159,8 @@ def tiny_dpo_args(*extra: str) -> list[str]:
             "--trainer.enable_model_summary", "false", *extra]
 
 
-@pytest.mark.parametrize("moe", [False, pytest.param(True, marks=pytest.mark.slow)])
+@pytest.mark.slow  # make test-slow: keeps make test under its budget
+@pytest.mark.parametrize("moe", [False, True])
 def test_kill_anywhere_dpo(tmp_path: Path, moe: bool) -> None:
     """SIGKILLed after random console lines and inside saves (mid accumulation window), resumed with
     --ckpt_path last: the reference is rebuilt from --from_weight and the per-step losses and final

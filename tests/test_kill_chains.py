@@ -127,6 +127,7 @@ def test_kill_in_teardown_after_the_final_save_trains_nothing_again(tmp_path: Pa
     assert len(list((run_dir / "checkpoints").glob("*_e1_s12_*.ckpt"))) == 1
 
 
+@pytest.mark.slow  # make test-slow: keeps make test under its budget
 def test_best_checkpoint_records_its_own_position(tmp_path: Path) -> None:
     """``{stem}_best.ckpt`` is written at validation (after batch 6), between saves (4, 8): resuming from
     it continues after batch 6, exactly."""

@@ -160,6 +160,7 @@ def test_a_hung_node_stops_the_survivor_after_the_timeout(tmp_path: Path, refere
     print(f"node 0 exited {died.node0_exit_s:.1f} s after node 1 hung (timeout 10 s)")
 
 
+@pytest.mark.slow  # make test-slow (test_watchdog restarts a job under torchrun too)
 def test_torchrun_restarts_a_killed_worker_which_resumes_exactly(tmp_path: Path, reference: tuple[Path, dict]) -> None:
     """1 node x 2 processes, ``--standalone --max-restarts 1``: rank 1's worker SIGKILLed once; torchrun
     restarts the group with the same command line (``--ckpt_path last``), which resumes from the last save."""

@@ -100,7 +100,8 @@ def test_from_resume_continues_minimind_sft_file(tmp_path: Path) -> None:
     assert (tmp_path / "out" / "full_sft_64.pth").is_file()
 
 
-@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
+@pytest.mark.slow  # make test-slow: keeps make test under its budget
+@pytest.mark.parametrize("workers", [0, 2])
 def test_kill_anywhere_on_sft_data_with_augmentation(tmp_path: Path, workers: int) -> None:
     """SIGKILLed after random console lines and inside saves, resumed with --ckpt_path last: the same
     per-step losses and final weights as a run never interrupted. The augmentation is on (MiniMind's
