@@ -20,6 +20,7 @@ import random
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -141,8 +142,6 @@ class Ours:
 
     def save_seconds(self, work: Path) -> float | None:
         """The median blocking save cost the run recorded (its auto interval's ``s``), from its newest checkpoint."""
-        import statistics
-
         import torch
 
         from lit_minimind.checkpoint.names import RESUME_STATE_KEY
@@ -175,8 +174,6 @@ class MiniMind:
     @staticmethod
     def save_seconds(run: dict[str, Any], every_steps: int) -> float | None:
         """Its save is in the loop: the gap after a saving step minus the median gap between steps."""
-        import statistics
-
         steps = [s for start in run["starts"] for s in start["steps"]]
         gaps = {b[1]: b[0] - a[0] for a, b in zip(steps, steps[1:]) if b[1] == a[1] + 1}
         after = [gaps[i + 1] for i in gaps if i % every_steps == 0 and i + 1 in gaps]
