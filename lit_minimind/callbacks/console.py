@@ -28,11 +28,20 @@ def format_minimind_line(epoch: int, epochs: int, step: int, iters: int, loss: f
 
 
 def format_dpo_line(epoch: int, epochs: int, step: int, iters: int, loss: float, dpo_loss: float,
-                    aux_loss: float, lr: float, eta_min: float) -> str:
-    """MiniMind's ``train_dpo.py`` log format."""
+                    aux_loss: float, lr: float, eta_min: float, name: str = "dpo_loss") -> str:
+    """MiniMind's ``train_dpo.py`` log format (the reward model's: ``name`` ``reward_loss``)."""
     return (
-        f"Epoch:[{epoch + 1}/{epochs}]({step}/{iters}), loss: {loss:.4f}, dpo_loss: {dpo_loss:.4f}, "
+        f"Epoch:[{epoch + 1}/{epochs}]({step}/{iters}), loss: {loss:.4f}, {name}: {dpo_loss:.4f}, "
         f"aux_loss: {aux_loss:.4f}, learning_rate: {lr:.8f}, epoch_time: {eta_min:.3f}min"
+    )
+
+
+def format_distill_line(epoch: int, epochs: int, step: int, iters: int, loss: float, ce: float, aux_loss: float,
+                        distill: float, lr: float, eta_min: float) -> str:
+    """MiniMind's ``train_distillation.py`` log format."""
+    return (
+        f"Epoch:[{epoch + 1}/{epochs}]({step}/{iters}), loss: {loss:.4f}, ce: {ce:.4f}, aux_loss: {aux_loss:.4f}, "
+        f"distill: {distill:.4f}, learning_rate: {lr:.8f}, epoch_time: {eta_min:.3f}min"
     )
 
 
@@ -51,7 +60,8 @@ class MiniMindConsole(Callback):
     and sends every micro-batch's ``loss``, ``logits_loss``, ``aux_loss``, ``learning_rate``,
     ``epoch_time``, ``tokens_per_s``, ``perplexity``, ``epoch`` and ``micro_step`` to the trainer's
     loggers (every tensor of the module's ``last_stats``: DPO logs ``dpo_loss`` and the rewards
-    instead of ``logits_loss`` and ``perplexity``, and prints MiniMind's DPO line). ``micro_step``
+    instead of ``logits_loss`` and ``perplexity``, and prints MiniMind's DPO line; distillation logs
+    ``ce`` and ``distill`` and prints ``train_distillation.py``'s line). ``micro_step``
     counts the micro-batches trained so far (per process, 1-based): it is checkpointed, so it
     continues across resumes, also on another number of processes.
 
@@ -170,9 +180,13 @@ class MiniMindConsole(Callback):
         rows = self.log_pending(trainer)
         if trainer.is_global_zero and rows:
             row = rows[-1]
-            if "dpo_loss" in row:
+            if "dpo_loss" in row or "reward_loss" in row:
+                name = "dpo_loss" if "dpo_loss" in row else "reward_loss"
                 line = format_dpo_line(trainer.current_epoch, trainer.max_epochs or 1, step, iters, row["loss"],
-                                       row["dpo_loss"], row["aux_loss"], row["learning_rate"], eta_min)
+                                       row[name], row["aux_loss"], row["learning_rate"], eta_min, name)
+            elif "distill" in row:
+                line = format_distill_line(trainer.current_epoch, trainer.max_epochs or 1, step, iters, row["loss"],
+                                           row["ce"], row["aux_loss"], row["distill"], row["learning_rate"], eta_min)
             else:
                 line = format_minimind_line(trainer.current_epoch, trainer.max_epochs or 1, step, iters, row["loss"],
                                             row["loss"] - row["aux_loss"], row["aux_loss"], row["learning_rate"], eta_min)

@@ -1,5 +1,7 @@
 """MiniMind's ``trainer/train_pretrain.py`` flags (and those of ``train_full_sft.py``, ``train_lora.py``:
-``--lora_name``, ``train_dpo.py``: ``--beta``), translated into the port's own flags.
+``--lora_name``, ``train_dpo.py``: ``--beta``, ``train_distillation.py``: ``--alpha``, ``--temperature``,
+``--from_teacher_weight``, ``--teacher_*``, ``--student_*``, ``--from_student_weight``), translated into the
+port's own flags.
 
 ``python -m lit_minimind.fit --epochs 2 --batch_size 32 --from_resume 1`` means what it means
 in MiniMind; MiniMind's and the port's flags mix freely (later ones win, as in argparse).
@@ -30,10 +32,20 @@ SIMPLE = {
     "data_path": "--data.data_path",
     "tokenizer_path": "--data.tokenizer_path",
     "beta": "--model.beta",
+    "alpha": "--model.alpha",
+    "temperature": "--model.temperature",
+    "from_teacher_weight": "--model.teacher",
+    "teacher_hidden_size": "--model.teacher_hidden_size",
+    "teacher_num_layers": "--model.teacher_num_layers",
+    "student_hidden_size": "--model.hidden_size",
+    "student_num_layers": "--model.num_hidden_layers",
+    "from_student_weight": "--from_weight",
 }
+BOOLS = {"use_moe": "--model.use_moe", "student_use_moe": "--model.use_moe", "teacher_use_moe": "--model.teacher_use_moe"}
+DISTILL = {"alpha", "temperature", "from_teacher_weight", "teacher_hidden_size", "teacher_num_layers", "teacher_use_moe"}
 DTYPES = {"bfloat16": "bf16-mixed", "float16": "16-mixed", "float32": "32-true"}
 SAME = ["log_interval", "from_weight"]  # the port's flags too: they pass through
-MINIMIND_FLAGS = [*SIMPLE, *SAME, "device", "dtype", "use_moe", "from_resume", "use_wandb", "wandb_project", "use_compile",
+MINIMIND_FLAGS = [*SIMPLE, *SAME, *BOOLS, "device", "dtype", "from_resume", "use_wandb", "wandb_project", "use_compile",
                   "lora_name"]
 LORA_RANK = "16"  # MiniMind's apply_lora(model, rank=16)
 WANDB_PROJECT = "MiniMind-Pretrain"  # MiniMind's default --wandb_project
@@ -45,13 +57,17 @@ def help_epilog() -> str:
     pairs = [f"--{k} -> {v}" for k, v in SIMPLE.items()]
     pairs += ["--dtype bfloat16|float16|float32 -> --trainer.precision bf16-mixed|16-mixed|32-true",
               "--device cpu|mps|cuda|cuda:N -> --trainer.accelerator/--trainer.devices",
-              "--use_moe 0|1 -> --model.use_moe", "--from_resume 1 -> --ckpt_path last",
+              "--use_moe 0|1, --student_use_moe 0|1 -> --model.use_moe",
+              "--teacher_use_moe 0|1 -> --model.teacher_use_moe",
+              "a flag of train_distillation.py's teacher (--alpha, --temperature, --from_teacher_weight, --teacher_*) "
+              "also sets --model.objective distill", "--from_resume 1 -> --ckpt_path last",
               "--use_compile 0|1 -> --model.compile", "--use_wandb [--wandb_project P] -> a WandbLogger",
               "--wandb_project P: the project of --use_wandb (alone it does nothing, as in MiniMind)",
               f"--lora_name NAME -> --resume.weight NAME --model.lora_rank {LORA_RANK} (train_lora.py; "
               "the rank unless --model.lora_rank is given)",
               "--log_interval, --from_weight: the same"]
-    return ("MiniMind's flags (trainer/train_pretrain.py, train_full_sft.py, train_lora.py, train_dpo.py) are "
+    return ("MiniMind's flags (trainer/train_pretrain.py, train_full_sft.py, train_lora.py, train_dpo.py, "
+            "train_distillation.py) are "
             "accepted too\n(--flag value or --flag=value, mixed with the flags above; later ones win):\n  "
             + "\n  ".join(pairs))
 
@@ -84,14 +100,14 @@ def _translate_one(flag: str, value: str, wandb_project: str, compile_supported:
                    rank_given: bool = False) -> list[str]:
     if flag in SIMPLE:
         return [SIMPLE[flag], value]
+    if flag in BOOLS:
+        return [BOOLS[flag], _choice(flag, value, {"0": ["false"], "1": ["true"]})[0]]
     if flag == "lora_name":  # train_lora.py: its files' name, and LoRA itself (unless a rank is given)
         return ["--resume.weight", value, *([] if rank_given else ["--model.lora_rank", LORA_RANK])]
     if flag == "dtype":
         return ["--trainer.precision", _choice(flag, value, {k: [v] for k, v in DTYPES.items()})[0]]
     if flag == "device":
         return _device(value)
-    if flag == "use_moe":
-        return ["--model.use_moe", _choice(flag, value, {"0": ["false"], "1": ["true"]})[0]]
     if flag == "from_resume":
         return _choice(flag, value, {"0": [], "1": ["--ckpt_path", "last"]})
     if flag == "use_compile":
@@ -138,7 +154,8 @@ def translate(argv: list[str], compile_supported: bool = False) -> Translation:
     if given:
         items = _presets_first(items)
     # MiniMind's default project of the script whose flags these are
-    script_project = "MiniMind-LoRA" if "lora_name" in given else "MiniMind-DPO" if "beta" in given else WANDB_PROJECT
+    script_project = ("MiniMind-LoRA" if "lora_name" in given else "MiniMind-DPO" if "beta" in given
+                      else "MiniMind-Distillation" if DISTILL & given.keys() else WANDB_PROJECT)
     project, has_wandb = given.get("wandb_project") or script_project, "use_wandb" in given
     out = Translation([])
     for it in items:
@@ -148,6 +165,8 @@ def translate(argv: list[str], compile_supported: bool = False) -> Translation:
         flag, value = it
         rank_given = any(a.split("=", 1)[0] == "--model.lora_rank" for a in argv)
         port = _translate_one(flag, value or "", project, compile_supported, out.notes, rank_given)
+        if flag in DISTILL and "--model.objective" not in out.origins:  # once, with the first such flag
+            port = ["--model.objective", "distill", *port]
         out.args += port
         nothing = {"wandb_project": "(the project of --use_wandb)" if has_wandb else "(unused without --use_wandb)",
                    "use_compile": "(not supported yet)" if value == "1" else "(off)"}.get(flag, "(nothing: start fresh)")

@@ -7,10 +7,15 @@ pretrain    pretraining data                       train_pretrain.py  ``pretrain
 sft         SFT data                               train_full_sft.py  ``full_sft``                (as given)
 lora        ``--model.lora_rank`` > 0 (SFT data)   train_lora.py      ``lora_medical``            ``full_sft``
 dpo         DPO data, or ``--model.objective dpo``  train_dpo.py       ``dpo``                     ``full_sft``
+distill     ``--model.objective distill``          train_distillation ``full_dist``               ``full_sft``
+reward      ``--model.objective reward`` (DPO data) (none: InternLM2)  ``reward``                  ``full_sft``
 ==========  =====================================  =================  ==========================  =============
 
 The names and start weights are defaults: a flag or a ``--config`` file that sets them wins. So a
-fine-tune never overwrites the ``out/*.pth`` it starts from.
+fine-tune never overwrites the ``out/*.pth`` it starts from. Distillation's teacher is named the same way:
+``--model.teacher NAME`` (default ``full_sft``, MiniMind's ``--from_teacher_weight``) is
+``{resume.out_dir}/{NAME}_{teacher_hidden_size}[_moe].pth``, MoE unless ``--model.teacher_use_moe false``
+(MiniMind's ``--teacher_use_moe 1`` default).
 """
 
 from __future__ import annotations
@@ -19,9 +24,12 @@ from typing import Any
 
 from jsonargparse import ArgumentError
 
-WEIGHT = {"pretrain": "pretrain", "sft": "full_sft", "lora": "lora_medical", "dpo": "dpo"}
-SCRIPT = {"pretrain": "train_pretrain.py", "sft": "train_full_sft.py", "lora": "train_lora.py", "dpo": "train_dpo.py"}
-START = {"lora": "full_sft", "dpo": "full_sft"}  # MiniMind's --from_weight defaults of those scripts
+WEIGHT = {"pretrain": "pretrain", "sft": "full_sft", "lora": "lora_medical", "dpo": "dpo", "distill": "full_dist",
+          "reward": "reward"}
+SCRIPT = {"pretrain": "train_pretrain.py", "sft": "train_full_sft.py", "lora": "train_lora.py", "dpo": "train_dpo.py",
+          "distill": "train_distillation.py"}  # the reward model stage has none (MiniMind downloads InternLM2's)
+START = {"lora": "full_sft", "dpo": "full_sft", "distill": "full_sft", "reward": "full_sft"}  # --from_weight defaults
+TEACHER = "full_sft"  # train_distillation.py's --from_teacher_weight default (with --teacher_use_moe 1)
 
 
 def data_kind(config: Any) -> str:
@@ -36,6 +44,8 @@ def data_kind(config: Any) -> str:
 
 
 def stage_of(config: Any) -> str:
+    if config.get("model.objective") in ("distill", "reward"):
+        return config.get("model.objective")
     kind = data_kind(config)
     if config.get("model.objective") == "dpo" or (config.get("model.objective") in (None, "auto") and kind == "dpo"):
         return "dpo"
@@ -61,10 +71,29 @@ def apply_stage_defaults(config: Any, parser: Any, args: list[str]) -> list[str]
     notes = []
     if given.get("resume.weight") is None and config.get("resume.weight") == "pretrain":
         config["resume.weight"] = WEIGHT[stage]
-        what = {"sft": "SFT data", "lora": "LoRA", "dpo": "DPO data"}[stage]
-        notes.append(f"{what}: files named {WEIGHT[stage]} (MiniMind's {SCRIPT[stage]}; --resume.weight to change)")
+        what = {"sft": "SFT data", "lora": "LoRA", "dpo": "DPO data", "distill": "distillation", "reward": "reward model"}[stage]
+        source = f"MiniMind's {SCRIPT[stage]}" if stage in SCRIPT else "the port's"
+        notes.append(f"{what}: files named {WEIGHT[stage]} ({source}; --resume.weight to change)")
     if stage in START and given.get("from_weight") is None and config.get("from_weight") in (None, "none"):
         config["from_weight"] = START[stage]
-        notes.append(f"{stage.upper() if stage == 'dpo' else 'LoRA'}: --from_weight {START[stage]} "
-                     f"(MiniMind's {SCRIPT[stage]} default)")
+        what = {"dpo": "DPO", "lora": "LoRA", "distill": "distillation (the student)", "reward": "reward model"}[stage]
+        source = f"MiniMind's {SCRIPT[stage]}" if stage in SCRIPT else "the port's"
+        notes.append(f"{what}: --from_weight {START[stage]} ({source} default)")
+    if stage == "distill":
+        notes += resolve_teacher(config)
     return notes
+
+
+def resolve_teacher(config: Any) -> list[str]:
+    """``--model.teacher NAME`` (or none given: MiniMind's ``full_sft`` MoE) as the file it names."""
+    from lit_minimind.cli.from_weight import weight_path
+
+    name = config.get("model.teacher") or TEACHER
+    moe = config.get("model.teacher_use_moe")
+    hidden = config.get("model.teacher_hidden_size") or config.get("model.hidden_size")
+    path = weight_path(name, config.get("resume.out_dir") or "out", hidden, True if moe is None else moe)
+    config["model.teacher"] = str(path)
+    if str(path) == name:
+        return []
+    return [f"distillation: teacher {path} (--model.teacher {name}"
+            + (", MoE: MiniMind's --teacher_use_moe 1 default" if moe is None else "") + ")"]

@@ -52,16 +52,20 @@ def dpo_loss(policy_log_probs: torch.Tensor, ref_log_probs: torch.Tensor, mask: 
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:
-    """The sha256 of a file's bytes (start weights recorded in checkpoints)."""
+    """The sha256 of a file's bytes, or of a directory's files in name order (a Hugging Face directory):
+    the start weights and teachers recorded in checkpoints."""
+    path = Path(path)
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
+    for file in files:
+        with open(file, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
     return digest.hexdigest()
 
 
 class Reference:
-    """The frozen reference model, held outside the LightningModule's modules on purpose: it is not a
+    """A frozen model (DPO's reference, distillation's teacher), held outside the LightningModule's modules on purpose: it is not a
     parameter or buffer of the module, so it is in no checkpoint or optimizer, DDP neither wraps nor
     broadcasts it, and it never has gradients. It follows the policy's device and dtype on use."""
 
@@ -70,10 +74,14 @@ class Reference:
         self.path, self.sha256 = Path(path), sha256
 
     @torch.no_grad()
-    def log_probs(self, x: torch.Tensor, y: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        """Token log-probs of ``y`` given ``x``, one forward without gradients; ``like`` is a policy
-        parameter whose device and dtype the reference takes."""
+    def logits(self, x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        """The model's logits for ``x``, one forward without gradients; ``like`` is a trained parameter
+        whose device and dtype the frozen model takes."""
         first = next(self.model.parameters())
         if first.device != like.device or first.dtype != like.dtype:
             self.model.to(device=like.device, dtype=like.dtype)
-        return token_log_probs(self.model(x).logits, y)
+        return self.model(x).logits
+
+    def log_probs(self, x: torch.Tensor, y: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        """Token log-probs of ``y`` given ``x`` (no gradients)."""
+        return token_log_probs(self.logits(x, like), y)

@@ -11,16 +11,18 @@ import lightning as L
 import torch
 from torchmetrics.aggregation import MeanMetric
 
-from lit_minimind.checkpoint.names import START_WEIGHTS_KEY
+from lit_minimind.checkpoint.names import START_WEIGHTS_KEY, TEACHER_KEY
 from lit_minimind.checkpoint.read import read_checkpoint
 from lit_minimind.checkpoint.weights import config_mismatches, model_weights, shape_config
 from lit_minimind.data.sampler import MINIMIND_SEED
 from lit_minimind.errors import CheckpointError
 from lit_minimind.model import MiniMindConfig, MiniMindForCausalLM
+from lit_minimind.model.distill import DISTILL_ALPHA, DISTILL_TEMPERATURE, distill_loss, load_teacher
 from lit_minimind.model.dpo import DPO_BETA, Reference, dpo_inputs, dpo_loss, file_sha256, token_log_probs
 from lit_minimind.model.lora import apply_lora, freeze_base, is_lora_key
+from lit_minimind.model.reward import RewardModel, bradley_terry_loss
 
-OBJECTIVES = ("auto", "lm", "dpo")
+OBJECTIVES = ("auto", "lm", "dpo", "distill", "reward")
 
 
 def minimind_lr(step: int, total_steps: int, learning_rate: float, warmup_steps: int = 0) -> float:
@@ -45,15 +47,18 @@ def seed_rank(seed: int) -> None:
 
 
 class LitMiniMind(L.LightningModule):
-    """MiniMind's training: loss = CE + MoE aux loss (pretraining, SFT, LoRA) or MiniMind's DPO loss + MoE
-    aux loss; AdamW over the trainable parameters, LR set per micro-batch as MiniMind does.
+    """MiniMind's training: loss = CE + MoE aux loss (pretraining, SFT, LoRA), MiniMind's DPO loss + MoE
+    aux loss, or MiniMind's distillation loss; AdamW over the trainable parameters, LR set per micro-batch
+    as MiniMind does.
 
     The stage is two settings: ``lora_rank`` (MiniMind's ``train_lora.py``: adapters on every square
     Linear, :mod:`lit_minimind.model.lora`, the rest frozen) and ``objective`` (``dpo``: MiniMind's
     ``train_dpo.py``, :mod:`lit_minimind.model.dpo`). LoRA and DPO runs keep something out of their
     checkpoints that :meth:`use_start_weights` (``--from_weight``) provides again on resume: the frozen
     base (LoRA) and the frozen reference model (DPO); its sha256 is recorded in every checkpoint and a
-    resume with another file is refused.
+    resume with another file is refused. Distillation (``objective="distill"``, MiniMind's
+    ``train_distillation.py``, :mod:`lit_minimind.model.distill`) trains every weight against a frozen
+    ``teacher`` file, read again on resume and checked the same way.
 
     Args:
         hidden_size: width of the model (MiniMind's ``--hidden_size``: 512 small, 768 the default).
@@ -72,8 +77,18 @@ class LitMiniMind(L.LightningModule):
             and so every checkpoint, keeps MiniMind's keys.
         lora_rank: 0 (default) trains every weight; ``r > 0`` trains only rank-``r`` LoRA adapters
             (MiniMind: 16). The state dict, so checkpoints and the fp16 export, holds only the adapters.
-        objective: ``lm`` (next-token CE), ``dpo`` (preference pairs) or ``auto``: ``dpo`` on DPO data.
+        objective: ``lm`` (next-token CE), ``dpo`` (preference pairs), ``distill`` (SFT data against a
+            teacher), ``reward`` (a reward model on preference pairs: :mod:`lit_minimind.model.reward`) or
+            ``auto``: ``dpo`` on DPO data, else ``lm``.
         beta: DPO's beta (MiniMind's ``--beta`` 0.15).
+        alpha: distillation's CE weight; the KL term has ``1 - alpha`` (MiniMind's ``--alpha`` 0.5).
+        temperature: distillation's softmax temperature (MiniMind's ``--temperature`` 1.5).
+        teacher: distillation's teacher, a MiniMind weight file of any size, dense or MoE (the CLI also takes
+            MiniMind's NAME: ``{resume.out_dir}/{NAME}_{hidden}[_moe].pth``).
+        teacher_hidden_size: the teacher's width, checked against its file (and the NAME's ``{hidden}``;
+            default: the student's).
+        teacher_num_layers: the teacher's depth, checked against its file.
+        teacher_use_moe: whether the teacher is MoE, checked against its file (and the NAME's ``_moe``).
     """
 
     def __init__(
@@ -94,6 +109,12 @@ class LitMiniMind(L.LightningModule):
         lora_rank: int = 0,
         objective: str = "auto",
         beta: float = DPO_BETA,
+        alpha: float = DISTILL_ALPHA,
+        temperature: float = DISTILL_TEMPERATURE,
+        teacher: str | None = None,
+        teacher_hidden_size: int | None = None,
+        teacher_num_layers: int | None = None,
+        teacher_use_moe: bool | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -108,7 +129,7 @@ class LitMiniMind(L.LightningModule):
             num_experts_per_tok=num_experts_per_tok,
             dropout=dropout,
         )
-        self.model = MiniMindForCausalLM(self.config)
+        self.model = (RewardModel if objective == "reward" else MiniMindForCausalLM)(self.config)
         if objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
         if lora_rank < 0:
@@ -120,6 +141,11 @@ class LitMiniMind(L.LightningModule):
             self.strict_loading = False  # checkpoints hold the adapters; the base comes from --from_weight
         self.start_weights: dict[str, str] | None = None  # {"path", "sha256"} of --from_weight
         self.reference: Reference | None = None  # DPO: a plain attribute, not a submodule (see Reference)
+        self.teacher: Reference | None = None  # distillation: the same
+        if objective == "distill" and not 0 <= alpha <= 1:
+            raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+        if objective == "distill" and temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
         # as MiniMind: DDP leaves the RoPE tables alone (constants on every rank, not state to broadcast)
         self._ddp_params_and_buffers_to_ignore = [n for n, _ in self.named_buffers() if n.endswith(("freqs_cos", "freqs_sin"))]
         if compile:
@@ -130,6 +156,7 @@ class LitMiniMind(L.LightningModule):
         self.train_loss_mean = MeanMetric(nan_strategy="disable")
         self.train_loss_mean.persistent(True)
         self.val_loss_mean = MeanMetric(nan_strategy="disable")
+        self.val_accuracy_mean = MeanMetric(nan_strategy="disable")  # the reward model's pairwise accuracy
         self.last_stats: dict[str, torch.Tensor] = {}
 
     def setup(self, stage: str) -> None:
@@ -138,12 +165,27 @@ class LitMiniMind(L.LightningModule):
         are rank 0's on every rank: DDP broadcasts them). A resume then restores each rank's own state."""
         if self.objective == "auto":
             self.objective = "dpo" if getattr(self.trainer.datamodule, "data_kind", None) == "dpo" else "lm"
+        kind = getattr(self.trainer.datamodule, "data_kind", None)
+        if (self.objective in ("dpo", "reward")) != (kind == "dpo") and kind is not None:
+            from lit_minimind.errors import UsageError
+
+            raise UsageError(f"--model.objective {self.objective} trains on " + (
+                "preference pairs: give DPO data (--data.kind dpo, or a file of chosen/rejected records)"
+                if kind != "dpo" else f"SFT or pretraining data, not DPO pairs (--data.kind {kind})"))
         if self.objective == "dpo" and self.reference is None:
             if self.start_weights is None:
                 from lit_minimind.errors import UsageError
 
                 raise UsageError("DPO needs --from_weight: the frozen reference model is built from it (MiniMind: full_sft)")
             self.reference = self._build_reference(self.start_weights["path"], self.start_weights["sha256"])
+        if self.objective == "distill" and self.teacher is None:
+            if not self.hparams.teacher:
+                from lit_minimind.errors import UsageError
+
+                raise UsageError("distillation needs a teacher: --model.teacher PATH (MiniMind's --from_teacher_weight)")
+            self.teacher = load_teacher(self.hparams.teacher, hidden_size=self.hparams.teacher_hidden_size,
+                                        num_hidden_layers=self.hparams.teacher_num_layers,
+                                        use_moe=self.hparams.teacher_use_moe)
         rank = self.trainer.global_rank
         if rank > 0:
             seed_rank(int(os.environ.get("PL_GLOBAL_SEED", MINIMIND_SEED)) + rank)  # Lightning's seed_everything sets it
@@ -198,6 +240,10 @@ class LitMiniMind(L.LightningModule):
             group["lr"] = lr
         if self.objective == "dpo":
             loss, stats = self.dpo_step(batch)
+        elif self.objective == "distill":
+            loss, stats = self.distill_step(batch)
+        elif self.objective == "reward":
+            loss, stats = bradley_terry_loss(self.model, batch)
         else:
             input_ids, labels = batch
             out = self.model(input_ids, labels=labels)
@@ -219,6 +265,14 @@ class LitMiniMind(L.LightningModule):
         loss = dpo + out.aux_loss
         return loss, {"loss": loss.detach(), "dpo_loss": dpo.detach(), "aux_loss": out.aux_loss.detach(), **rewards}
 
+    def distill_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """MiniMind's distillation loss against the frozen teacher, and the detached statistics to log."""
+        input_ids, labels = batch
+        assert self.teacher is not None, "distillation without a teacher (setup builds it)"
+        teacher_logits = self.teacher.logits(input_ids, like=next(self.model.parameters()))
+        out = self.model(input_ids)
+        return distill_loss(out.logits, teacher_logits, labels, self.hparams.alpha, self.hparams.temperature, out.aux_loss)
+
     def on_train_epoch_end(self) -> None:
         if self.train_loss_mean.weight > 0:  # batches of this epoch trained (same count on every rank)
             self.log("mean_loss", self.train_loss_mean.compute(), prog_bar=True)  # one sync per epoch
@@ -228,6 +282,11 @@ class LitMiniMind(L.LightningModule):
         if self.objective == "dpo":  # val_loss: the DPO loss
             self.val_loss_mean.update(self.dpo_step(batch)[1]["dpo_loss"].float())
             return
+        if self.objective == "reward":  # val_loss: the Bradley-Terry loss; val_reward_accuracy: pairs ranked right
+            stats = bradley_terry_loss(self.model, batch)[1]
+            self.val_loss_mean.update(stats["reward_loss"].float())
+            self.val_accuracy_mean.update(stats["rewards/accuracy"], weight=batch["mask_chosen"].shape[0])
+            return
         input_ids, labels = batch
         self.val_loss_mean.update(self.model(input_ids, labels=labels).loss.float())
 
@@ -235,8 +294,12 @@ class LitMiniMind(L.LightningModule):
         if self.val_loss_mean.weight > 0:
             val_loss = self.val_loss_mean.compute()
             self.log("val_loss", val_loss, prog_bar=True)
-            self.log("val_perplexity", torch.exp(val_loss.clamp(max=50.0)))
+            if self.objective == "reward":
+                self.log("val_reward_accuracy", self.val_accuracy_mean.compute(), prog_bar=True)
+            else:
+                self.log("val_perplexity", torch.exp(val_loss.clamp(max=50.0)))
         self.val_loss_mean.reset()
+        self.val_accuracy_mean.reset()
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         trainable = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: the adapters only, as MiniMind
@@ -247,12 +310,14 @@ class LitMiniMind(L.LightningModule):
         checkpoint["model_config"] = self.config.to_dict()
         if self.needs_start_weights and self.start_weights is not None:
             checkpoint[START_WEIGHTS_KEY] = dict(self.start_weights)
+        if self.teacher is not None:
+            checkpoint[TEACHER_KEY] = {"path": str(self.teacher.path), "sha256": self.teacher.sha256}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint of another model shape or start weights, naming every differing field at once
         (before anything is loaded; the DataModule checks its own state in its ``load_state_dict``)."""
         problems = config_mismatches(shape_config(checkpoint.get("state_dict", {})), shape_config(self.model.state_dict()))
-        problems += self.start_weights_mismatches(checkpoint)
+        problems += self.start_weights_mismatches(checkpoint) + self.teacher_mismatches(checkpoint)
         if problems:
             raise CheckpointError("checkpoint does not match this run (a resume needs the same model):\n  "
                                   + "\n  ".join(problems))
@@ -281,3 +346,14 @@ class LitMiniMind(L.LightningModule):
                                 f"written: sha256 {self.start_weights['sha256'][:12]}, checkpoint {saved['sha256'][:12]} "
                                 f"({saved['path']}); restore that file or start fresh")
         return problems
+
+    def teacher_mismatches(self, checkpoint: dict[str, Any]) -> list[str]:
+        """A distillation resume needs the teacher file its checkpoint was trained against."""
+        saved = checkpoint.get(TEACHER_KEY)
+        if not saved or self.teacher is None:
+            return []
+        if self.teacher.sha256 != saved["sha256"]:
+            return [f"--model.teacher {self.teacher.path} changed since the checkpoint was written: sha256 "
+                    f"{self.teacher.sha256[:12]}, checkpoint {saved['sha256'][:12]} ({saved['path']}); "
+                    "restore that file or start fresh"]
+        return []

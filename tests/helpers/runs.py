@@ -40,10 +40,13 @@ MUTANTS = ROOT / "tests" / "mutants"  # scripts/mutants.py: deliberate breaks, c
 SHARED_ABSENT = "../shared is absent"  # in the skip reason: conftest's terminal summary counts these skips
 
 LINE_RE = re.compile(
-    # MiniMind's line; its DPO line (train_dpo.py) says dpo_loss and learning_rate
-    r"Epoch:\[(\d+)/(\d+)\]\((\d+)/(\d+)\), loss: ([\d.]+), (?:logits_loss|dpo_loss): ([\d.]+), aux_loss: ([\d.]+), "
-    r"(?:lr|learning_rate): ([\d.]+), epoch_time: ([\d.]+)min"
+    # MiniMind's line; its DPO line (train_dpo.py) says dpo_loss and learning_rate (the reward model's: reward_loss); its distillation line
+    # (train_distillation.py) ce, and distill after aux_loss (the 5th value: DISTILL_RE)
+    r"Epoch:\[(\d+)/(\d+)\]\((\d+)/(\d+)\), loss: ([\d.]+), (?:logits_loss|dpo_loss|reward_loss|ce): ([\d.]+), aux_loss: ([\d.]+), "
+    r"(?:distill: [\d.]+, )?(?:lr|learning_rate): ([\d.]+), epoch_time: ([\d.]+)min"
 )
+DISTILL_RE = re.compile(r"Epoch:\[(\d+)/\d+\]\((\d+)/\d+\), loss: ([\d.]+), ce: ([\d.]+), aux_loss: ([\d.]+), "
+                        r"distill: ([\d.]+), learning_rate: ([\d.]+)")
 
 
 def need_shared() -> None:
