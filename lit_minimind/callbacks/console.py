@@ -45,9 +45,21 @@ def format_distill_line(epoch: int, epochs: int, step: int, iters: int, loss: fl
     )
 
 
+def format_grpo_line(epoch: int, epochs: int, step: int, iters: int, row: dict[str, float]) -> str:
+    """MiniMind's ``train_grpo.py`` log format (no epoch time in it)."""
+    return (
+        f"Epoch:[{epoch + 1}/{epochs}]({step}/{iters}), Reward: {row['reward']:.4f}, KL_ref: {row['kl_ref']:.4f}, "
+        f"Adv Std: {row['advantages_std']:.4f}, Adv Mean: {row['advantages_mean']:.4f}, "
+        f"Actor Loss: {row['loss']:.4f}, Avg Response Len: {row['avg_response_len']:.2f}, "
+        f"Learning Rate: {row['learning_rate']:.8f}"
+    )
+
+
 def batch_tokens(batch: Any) -> int:
     """Target tokens in a batch, from shapes only (no host sync): ``labels`` of ``(input_ids, labels)``,
     every ``y_*`` of a DPO dict batch."""
+    if isinstance(batch, dict) and "input_ids" in batch:  # RL prompts: the prompt tokens, padding included
+        return int(batch["input_ids"].numel())
     if isinstance(batch, dict):
         return sum(int(v.numel()) for k, v in batch.items() if k.startswith("y_"))
     return int(batch[1].numel())
@@ -184,6 +196,8 @@ class MiniMindConsole(Callback):
                 name = "dpo_loss" if "dpo_loss" in row else "reward_loss"
                 line = format_dpo_line(trainer.current_epoch, trainer.max_epochs or 1, step, iters, row["loss"],
                                        row[name], row["aux_loss"], row["learning_rate"], eta_min, name)
+            elif "kl_ref" in row:
+                line = format_grpo_line(trainer.current_epoch, trainer.max_epochs or 1, step, iters, row)
             elif "distill" in row:
                 line = format_distill_line(trainer.current_epoch, trainer.max_epochs or 1, step, iters, row["loss"],
                                            row["ce"], row["aux_loss"], row["distill"], row["learning_rate"], eta_min)

@@ -31,6 +31,7 @@ LORA_KEY = ".lora."  # in every LoRA adapter's key (MiniMind's ``lora`` modules)
 CALLBACK_FORMAT_VERSION = 2  # of ResumeCallback's state
 START_WEIGHTS_KEY = "start_weights"  # {"path", "sha256"} of --from_weight in LoRA and DPO checkpoints
 TEACHER_KEY = "teacher"  # {"path", "sha256"} of --model.teacher in distillation checkpoints
+REWARD_MODEL_KEY = "reward_model"  # {"path", "sha256"} of --model.reward_model in GRPO checkpoints
 
 # Everything one of our checkpoints holds, by top-level key: who provides it (each through its own public
 # hook: a ``state_dict``, an ``on_save_checkpoint``) and what it is. ``tests/test_training.py`` checks a real
@@ -53,6 +54,8 @@ CHECKPOINT_SCHEMA: dict[str, str] = {
     "model_config": "LitMiniMind.on_save_checkpoint: the model's shape",
     START_WEIGHTS_KEY: "LitMiniMind.on_save_checkpoint, LoRA and DPO only: path and sha256 of --from_weight",
     TEACHER_KEY: "LitMiniMind.on_save_checkpoint, distillation only: path and sha256 of --model.teacher",
+    REWARD_MODEL_KEY: "LitMiniMind.on_save_checkpoint, GRPO with a reward model only: path and sha256 of "
+                      "--model.reward_model",
     TRAINING_STATE_KEY: "ResumeCallback.on_save_checkpoint: every rank's RNG",
     "model": "ResumeCallback.on_save_checkpoint: MiniMind's fp16 weights",
     "optimizer": "ResumeCallback.on_save_checkpoint: MiniMind's optimizer state",

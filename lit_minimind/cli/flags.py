@@ -1,7 +1,8 @@
 """MiniMind's ``trainer/train_pretrain.py`` flags (and those of ``train_full_sft.py``, ``train_lora.py``:
 ``--lora_name``, ``train_dpo.py``: ``--beta``, ``train_distillation.py``: ``--alpha``, ``--temperature``,
-``--from_teacher_weight``, ``--teacher_*``, ``--student_*``, ``--from_student_weight``), translated into the
-port's own flags.
+``--from_teacher_weight``, ``--teacher_*``, ``--student_*``, ``--from_student_weight``, ``train_grpo.py``:
+``--num_generations``, ``--loss_type``, ``--epsilon``, ``--epsilon_high``, ``--max_gen_len``, ``--thinking_ratio``,
+``--reward_model_path``, ``--rollout_engine torch``), translated into the port's own flags.
 
 ``python -m lit_minimind.fit --epochs 2 --batch_size 32 --from_resume 1`` means what it means
 in MiniMind; MiniMind's and the port's flags mix freely (later ones win, as in argparse).
@@ -40,13 +41,22 @@ SIMPLE = {
     "student_hidden_size": "--model.hidden_size",
     "student_num_layers": "--model.num_hidden_layers",
     "from_student_weight": "--from_weight",
+    "num_generations": "--model.num_generations",
+    "loss_type": "--model.loss_type",
+    "epsilon": "--model.epsilon",
+    "epsilon_high": "--model.epsilon_high",
+    "max_gen_len": "--model.max_gen_len",
+    "thinking_ratio": "--data.thinking_ratio",
+    "reward_model_path": "--model.reward_model",
 }
 BOOLS = {"use_moe": "--model.use_moe", "student_use_moe": "--model.use_moe", "teacher_use_moe": "--model.teacher_use_moe"}
 DISTILL = {"alpha", "temperature", "from_teacher_weight", "teacher_hidden_size", "teacher_num_layers", "teacher_use_moe"}
+GRPO = {"num_generations", "loss_type", "epsilon", "epsilon_high", "max_gen_len", "thinking_ratio", "reward_model_path",
+        "rollout_engine"}  # train_grpo.py's own flags: any of them means --model.objective grpo
 DTYPES = {"bfloat16": "bf16-mixed", "float16": "16-mixed", "float32": "32-true"}
 SAME = ["log_interval", "from_weight"]  # the port's flags too: they pass through
 MINIMIND_FLAGS = [*SIMPLE, *SAME, *BOOLS, "device", "dtype", "from_resume", "use_wandb", "wandb_project", "use_compile",
-                  "lora_name"]
+                  "lora_name", "rollout_engine"]
 LORA_RANK = "16"  # MiniMind's apply_lora(model, rank=16)
 WANDB_PROJECT = "MiniMind-Pretrain"  # MiniMind's default --wandb_project
 
@@ -65,9 +75,12 @@ def help_epilog() -> str:
               "--wandb_project P: the project of --use_wandb (alone it does nothing, as in MiniMind)",
               f"--lora_name NAME -> --resume.weight NAME --model.lora_rank {LORA_RANK} (train_lora.py; "
               "the rank unless --model.lora_rank is given)",
+              "a flag of train_grpo.py (--num_generations, --loss_type, --epsilon, --epsilon_high, --max_gen_len, "
+              "--thinking_ratio, --reward_model_path, --rollout_engine torch) also sets --model.objective grpo",
+              "--rollout_engine torch: the only engine (sglang is not supported)",
               "--log_interval, --from_weight: the same"]
     return ("MiniMind's flags (trainer/train_pretrain.py, train_full_sft.py, train_lora.py, train_dpo.py, "
-            "train_distillation.py) are "
+            "train_distillation.py, train_grpo.py) are "
             "accepted too\n(--flag value or --flag=value, mixed with the flags above; later ones win):\n  "
             + "\n  ".join(pairs))
 
@@ -108,6 +121,10 @@ def _translate_one(flag: str, value: str, wandb_project: str, compile_supported:
         return ["--trainer.precision", _choice(flag, value, {k: [v] for k, v in DTYPES.items()})[0]]
     if flag == "device":
         return _device(value)
+    if flag == "rollout_engine":
+        if value != "torch":
+            raise UsageError(f"--rollout_engine {value}: only torch (the project's own generation) is supported")
+        return []
     if flag == "from_resume":
         return _choice(flag, value, {"0": [], "1": ["--ckpt_path", "last"]})
     if flag == "use_compile":
@@ -154,7 +171,8 @@ def translate(argv: list[str], compile_supported: bool = False) -> Translation:
     if given:
         items = _presets_first(items)
     # MiniMind's default project of the script whose flags these are
-    script_project = ("MiniMind-LoRA" if "lora_name" in given else "MiniMind-DPO" if "beta" in given
+    script_project = ("MiniMind-LoRA" if "lora_name" in given else "MiniMind-GRPO" if GRPO & given.keys()
+                      else "MiniMind-DPO" if "beta" in given
                       else "MiniMind-Distillation" if DISTILL & given.keys() else WANDB_PROJECT)
     project, has_wandb = given.get("wandb_project") or script_project, "use_wandb" in given
     out = Translation([])
@@ -165,8 +183,8 @@ def translate(argv: list[str], compile_supported: bool = False) -> Translation:
         flag, value = it
         rank_given = any(a.split("=", 1)[0] == "--model.lora_rank" for a in argv)
         port = _translate_one(flag, value or "", project, compile_supported, out.notes, rank_given)
-        if flag in DISTILL and "--model.objective" not in out.origins:  # once, with the first such flag
-            port = ["--model.objective", "distill", *port]
+        if flag in DISTILL | GRPO and "--model.objective" not in out.origins:  # once, with the first such flag
+            port = ["--model.objective", "distill" if flag in DISTILL else "grpo", *port]
         out.args += port
         nothing = {"wandb_project": "(the project of --use_wandb)" if has_wandb else "(unused without --use_wandb)",
                    "use_compile": "(not supported yet)" if value == "1" else "(off)"}.get(flag, "(nothing: start fresh)")

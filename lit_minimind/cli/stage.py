@@ -9,7 +9,11 @@ lora        ``--model.lora_rank`` > 0 (SFT data)   train_lora.py      ``lora_med
 dpo         DPO data, or ``--model.objective dpo``  train_dpo.py       ``dpo``                     ``full_sft``
 distill     ``--model.objective distill``          train_distillation ``full_dist``               ``full_sft``
 reward      ``--model.objective reward`` (DPO data) (none: InternLM2)  ``reward``                  ``full_sft``
+grpo        ``--model.objective grpo`` (prompts)   train_grpo.py      ``grpo``                    ``full_sft``
 ==========  =====================================  =================  ==========================  =============
+
+GRPO reads its data as prompts: ``--data.kind rlaif`` is set with it (conversations, the last assistant turn
+the slot to answer).
 
 The names and start weights are defaults: a flag or a ``--config`` file that sets them wins. So a
 fine-tune never overwrites the ``out/*.pth`` it starts from. Distillation's teacher is named the same way:
@@ -25,10 +29,11 @@ from typing import Any
 from jsonargparse import ArgumentError
 
 WEIGHT = {"pretrain": "pretrain", "sft": "full_sft", "lora": "lora_medical", "dpo": "dpo", "distill": "full_dist",
-          "reward": "reward"}
+          "reward": "reward", "grpo": "grpo"}
 SCRIPT = {"pretrain": "train_pretrain.py", "sft": "train_full_sft.py", "lora": "train_lora.py", "dpo": "train_dpo.py",
-          "distill": "train_distillation.py"}  # the reward model stage has none (MiniMind downloads InternLM2's)
-START = {"lora": "full_sft", "dpo": "full_sft", "distill": "full_sft", "reward": "full_sft"}  # --from_weight defaults
+          "distill": "train_distillation.py", "grpo": "train_grpo.py"}  # the reward model stage has none (InternLM2's)
+START = {"lora": "full_sft", "dpo": "full_sft", "distill": "full_sft", "reward": "full_sft",
+         "grpo": "full_sft"}  # --from_weight defaults
 TEACHER = "full_sft"  # train_distillation.py's --from_teacher_weight default (with --teacher_use_moe 1)
 
 
@@ -44,8 +49,10 @@ def data_kind(config: Any) -> str:
 
 
 def stage_of(config: Any) -> str:
-    if config.get("model.objective") in ("distill", "reward"):
+    if config.get("model.objective") in ("distill", "reward", "grpo"):
         return config.get("model.objective")
+    if config.get("data.kind") == "rlaif":
+        return "grpo"
     kind = data_kind(config)
     if config.get("model.objective") == "dpo" or (config.get("model.objective") in (None, "auto") and kind == "dpo"):
         return "dpo"
@@ -58,8 +65,10 @@ def apply_stage_defaults(config: Any, parser: Any, args: list[str]) -> list[str]
     """Set the stage's file name, start weights and objective where the user set none; returns the
     lines saying so (printed by the caller)."""
     stage = stage_of(config)
-    if stage == "dpo":
-        config["model.objective"] = "dpo"
+    if stage in ("dpo", "grpo"):
+        config["model.objective"] = stage
+    if stage == "grpo" and config.get("data.kind") in (None, "auto"):
+        config["data.kind"] = "rlaif"
     elif config.get("model.objective") in (None, "auto") and "model.objective" in config:
         config["model.objective"] = "lm"
     if stage == "pretrain":
@@ -71,12 +80,14 @@ def apply_stage_defaults(config: Any, parser: Any, args: list[str]) -> list[str]
     notes = []
     if given.get("resume.weight") is None and config.get("resume.weight") == "pretrain":
         config["resume.weight"] = WEIGHT[stage]
-        what = {"sft": "SFT data", "lora": "LoRA", "dpo": "DPO data", "distill": "distillation", "reward": "reward model"}[stage]
+        what = {"sft": "SFT data", "lora": "LoRA", "dpo": "DPO data", "distill": "distillation", "reward": "reward model",
+                "grpo": "GRPO"}[stage]
         source = f"MiniMind's {SCRIPT[stage]}" if stage in SCRIPT else "the port's"
         notes.append(f"{what}: files named {WEIGHT[stage]} ({source}; --resume.weight to change)")
     if stage in START and given.get("from_weight") is None and config.get("from_weight") in (None, "none"):
         config["from_weight"] = START[stage]
-        what = {"dpo": "DPO", "lora": "LoRA", "distill": "distillation (the student)", "reward": "reward model"}[stage]
+        what = {"dpo": "DPO", "lora": "LoRA", "distill": "distillation (the student)", "reward": "reward model",
+                "grpo": "GRPO (policy and reference)"}[stage]
         source = f"MiniMind's {SCRIPT[stage]}" if stage in SCRIPT else "the port's"
         notes.append(f"{what}: --from_weight {START[stage]} ({source} default)")
     if stage == "distill":

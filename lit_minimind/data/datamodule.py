@@ -50,7 +50,9 @@ class MiniMindDataModule(L.LightningDataModule):
             (``"conversations"``: SFT, ``"text"``: pretraining, ``"chosen"``/``"rejected"``: DPO
             pairs, :mod:`lit_minimind.data.dpo`; without ``data_path``: pretraining); ``pretrain``,
             ``sft`` or ``dpo`` forces it (``dpo`` without ``data_path``: pairs made from the embedded
-            chat corpus). A file mixing kinds is an error naming the first line of another kind.
+            chat corpus); ``rlaif``: the prompts of conversations for the RL stage
+            (:mod:`lit_minimind.data.rlaif`, set by ``--model.objective grpo``; without ``data_path``:
+            the embedded chat corpus). A file mixing kinds is an error naming the first line of another kind.
         add_system_ratio: SFT only: probability of prepending a system prompt to a conversation
             that has none (MiniMind: 0.2).
         empty_think_ratio: SFT and DPO: probability of keeping a sample's empty
@@ -58,6 +60,8 @@ class MiniMindDataModule(L.LightningDataModule):
             keeps them). Both augmentations draw from a generator seeded by (42, epoch, sample
             index), so a resumed run sees the same samples; the epoch is the sampler's once
             :meth:`lit_minimind.data.sft.SFTDataset.follow_epoch` links them, else 0.
+        thinking_ratio: RL prompts only: probability of opening the thinking block of a prompt
+            (MiniMind's ``--thinking_ratio`` 0.9), drawn the same way.
     """
 
     def __init__(
@@ -69,9 +73,10 @@ class MiniMindDataModule(L.LightningDataModule):
         num_workers: int = 0,
         cache_dir: str | None = None,
         val_fraction: float = 0.0,
-        kind: Literal["auto", "pretrain", "sft", "dpo"] = "auto",
+        kind: Literal["auto", "pretrain", "sft", "dpo", "rlaif"] = "auto",
         add_system_ratio: float = 0.2,
         empty_think_ratio: float = 0.2,
+        thinking_ratio: float = 0.9,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -84,15 +89,17 @@ class MiniMindDataModule(L.LightningDataModule):
         if not 0.0 <= val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
         self.val_fraction = val_fraction
-        if kind not in ("auto", "pretrain", "sft", "dpo"):
-            raise ValueError(f"kind must be 'auto', 'pretrain', 'sft' or 'dpo', got {kind!r}")
-        for name, ratio in (("add_system_ratio", add_system_ratio), ("empty_think_ratio", empty_think_ratio)):
+        if kind not in ("auto", "pretrain", "sft", "dpo", "rlaif"):
+            raise ValueError(f"kind must be 'auto', 'pretrain', 'sft', 'dpo' or 'rlaif', got {kind!r}")
+        for name, ratio in (("add_system_ratio", add_system_ratio), ("empty_think_ratio", empty_think_ratio),
+                            ("thinking_ratio", thinking_ratio)):
             if not 0.0 <= ratio <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {ratio}")
         self.kind = kind
-        self.data_kind: str | None = None  # "pretrain", "sft" or "dpo", known after setup()
+        self.data_kind: str | None = None  # "pretrain", "sft", "dpo" or "rlaif", known after setup()
         self.add_system_ratio = add_system_ratio
         self.empty_think_ratio = empty_think_ratio
+        self.thinking_ratio = thinking_ratio
         self.train_dataset = None
         self.val_dataset = None
         self.tokenizer = None
@@ -119,10 +126,10 @@ class MiniMindDataModule(L.LightningDataModule):
         from lit_minimind.data.tokenizer import default_cache_dir, load_tokenizer
 
         data, tok = self.resolved_paths()
-        if self.kind in ("sft", "dpo") and not self.data_path:  # the embedded chat corpus (or its pairs)
+        if self.kind in ("sft", "dpo", "rlaif") and not self.data_path:  # the embedded chat corpus (or its pairs)
             from lit_minimind.data.corpus import write_embedded_dpo_corpus, write_embedded_sft_corpus
 
-            write = write_embedded_sft_corpus if self.kind == "sft" else write_embedded_dpo_corpus
+            write = write_embedded_dpo_corpus if self.kind == "dpo" else write_embedded_sft_corpus
             data = write(Path(self.cache_dir) if self.cache_dir else default_cache_dir())
         self.data_kind = detect_kind(data) if self.kind == "auto" else self.kind
         self.tokenizer = load_tokenizer(tok)
@@ -139,6 +146,13 @@ class MiniMindDataModule(L.LightningDataModule):
 
             full = DPODataset(data, self.tokenizer, max_length=self.max_seq_len, chat_template=load_chat_template(tok),
                               empty_think_ratio=self.empty_think_ratio, cache_dir=self.cache_dir)
+        elif self.data_kind == "rlaif":
+            from lit_minimind.data.chat_template import load_chat_template
+            from lit_minimind.data.rlaif import RLAIFDataset
+
+            full = RLAIFDataset(data, self.tokenizer, max_length=self.max_seq_len, chat_template=load_chat_template(tok),
+                                add_system_ratio=self.add_system_ratio, thinking_ratio=self.thinking_ratio,
+                                cache_dir=self.cache_dir)
         else:
             full = PretrainDataset(data, self.tokenizer, max_length=self.max_seq_len, cache_dir=self.cache_dir)
         n_val = math.ceil(len(full) * self.val_fraction) if self.val_fraction > 0 else 0
@@ -227,7 +241,17 @@ class MiniMindDataModule(L.LightningDataModule):
             # model (dropout) uses and whose state a checkpoint restores
             generator=torch.Generator().manual_seed(MINIMIND_SEED),
             worker_init_fn=worker_init_fn(rank),  # workers ignore stop signals: this process saves and stops
+            collate_fn=self.collate_fn,
         )
+
+    @property
+    def collate_fn(self) -> Any:
+        """RL prompts are left-padded per batch (:func:`lit_minimind.data.rlaif.collate_prompts`); the rest stack."""
+        if self.data_kind == "rlaif":
+            from lit_minimind.data.rlaif import collate_prompts
+
+            return collate_prompts
+        return None
 
     def val_dataloader(self) -> DataLoader | list:
         if self.val_dataset is None:

@@ -230,8 +230,9 @@ def _conversations_of(record: dict) -> list:
     return conversations
 
 
-def check_sft_record(record: dict, where: str) -> None:
-    """Raise DataError (naming ``where``) unless ``record`` is a usable MiniMind SFT record."""
+def check_sft_record(record: dict, where: str, need_answer: bool = True) -> None:
+    """Raise DataError (naming ``where``) unless ``record`` is a usable MiniMind SFT record (with
+    ``need_answer`` False: an RL prompt record, which may end before any assistant turn)."""
     check_kind(record, where, "sft")
     conversations = record["conversations"]
     if not isinstance(conversations, list):
@@ -261,5 +262,5 @@ def check_sft_record(record: dict, where: str) -> None:
                     raise DataError(f'{at}: "{field}" is a string but not valid JSON ({exc.msg.removesuffix(" at")})') from exc
             if value not in (None, "") and not isinstance(value, list):
                 raise DataError(f'{at}: "{field}" must be an array (or its JSON string), got {_json_type(value)}')
-    if not has_answer:
+    if need_answer and not has_answer:
         raise DataError(f"{where}: no assistant turn (nothing to train on)")

@@ -74,13 +74,13 @@ class Reference:
         self.path, self.sha256 = Path(path), sha256
 
     @torch.no_grad()
-    def logits(self, x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    def logits(self, x: torch.Tensor, like: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """The model's logits for ``x``, one forward without gradients; ``like`` is a trained parameter
         whose device and dtype the frozen model takes."""
         first = next(self.model.parameters())
         if first.device != like.device or first.dtype != like.dtype:
             self.model.to(device=like.device, dtype=like.dtype)
-        return self.model(x).logits
+        return self.model(x, attention_mask=attention_mask).logits
 
     def log_probs(self, x: torch.Tensor, y: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         """Token log-probs of ``y`` given ``x`` (no gradients)."""

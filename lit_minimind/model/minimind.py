@@ -548,21 +548,27 @@ class MiniMindForCausalLM(nn.Module):
         eos_token_id: Optional[int] = 2,
         use_cache: bool = True,
         generator: Optional[torch.Generator] = None,
+        attention_mask: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         """Autoregressively extend ``input_ids`` ``(B, T)``; returns ``(B, T + n_new)``.
 
         Greedy decoding when ``greedy`` or ``temperature == 0``, otherwise sampling with
         optional top-k / nucleus (top-p) filtering. Sequences that emitted ``eos_token_id``
         are padded with it; decoding stops early once every sequence has finished.
+        ``attention_mask`` ``(B, T)`` (0 on left padding) is extended by one column of ones per
+        new token, as MiniMind's ``generate``.
         """
         greedy = greedy or temperature == 0
         finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
         past: Optional[List[Optional[KVCache]]] = None
         for _ in range(max_new_tokens):
             past_len = past[0][0].shape[1] if past is not None else 0
-            out = self.forward(input_ids[:, past_len:], past_key_values=past, use_cache=use_cache, logits_to_keep=1)
+            out = self.forward(input_ids[:, past_len:], attention_mask=attention_mask, past_key_values=past,
+                               use_cache=use_cache, logits_to_keep=1)
             past = out.past_key_values if use_cache else None
             logits = out.logits[:, -1, :].float()
+            if attention_mask is not None:
+                attention_mask = torch.cat([attention_mask, attention_mask.new_ones(attention_mask.shape[0], 1)], -1)
 
             next_token = pick_next_token(logits, 0.0 if greedy else temperature, top_p, top_k, generator)
             if eos_token_id is not None:

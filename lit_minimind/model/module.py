@@ -11,7 +11,7 @@ import lightning as L
 import torch
 from torchmetrics.aggregation import MeanMetric
 
-from lit_minimind.checkpoint.names import START_WEIGHTS_KEY, TEACHER_KEY
+from lit_minimind.checkpoint.names import REWARD_MODEL_KEY, START_WEIGHTS_KEY, TEACHER_KEY, TRAINING_STATE_KEY
 from lit_minimind.checkpoint.read import read_checkpoint
 from lit_minimind.checkpoint.weights import config_mismatches, model_weights, shape_config
 from lit_minimind.data.sampler import MINIMIND_SEED
@@ -19,10 +19,37 @@ from lit_minimind.errors import CheckpointError
 from lit_minimind.model import MiniMindConfig, MiniMindForCausalLM
 from lit_minimind.model.distill import DISTILL_ALPHA, DISTILL_TEMPERATURE, distill_loss, load_teacher
 from lit_minimind.model.dpo import DPO_BETA, Reference, dpo_inputs, dpo_loss, file_sha256, token_log_probs
+from lit_minimind.model.grpo import (
+    GRPO_BETA,
+    LOSS_TYPES,
+    RewardScorer,
+    completion_log_probs,
+    completion_mask,
+    group_advantages,
+    policy_loss,
+    rewards_of,
+    rollout,
+    seed_rollout_stream,
+)
 from lit_minimind.model.lora import apply_lora, freeze_base, is_lora_key
 from lit_minimind.model.reward import RewardModel, bradley_terry_loss
+from lit_minimind.resume.states import rank_rng_state
 
-OBJECTIVES = ("auto", "lm", "dpo", "distill", "reward")
+OBJECTIVES = ("auto", "lm", "dpo", "distill", "reward", "grpo")
+
+
+def objective_data_problem(objective: str, kind: str) -> str | None:
+    """Why ``objective`` cannot train on data of ``kind`` (None when it can)."""
+    if objective == "grpo":
+        return None if kind == "rlaif" else (f"--model.objective grpo samples answers to prompts: give conversations with "
+                                             f"--data.kind rlaif, not --data.kind {kind}")
+    if kind == "rlaif":
+        return f"--data.kind rlaif holds prompts for --model.objective grpo, not for {objective}"
+    if (objective in ("dpo", "reward")) != (kind == "dpo"):
+        return f"--model.objective {objective} trains on " + (
+            "preference pairs: give DPO data (--data.kind dpo, or a file of chosen/rejected records)"
+            if kind != "dpo" else f"SFT or pretraining data, not DPO pairs (--data.kind {kind})")
+    return None
 
 
 def minimind_lr(step: int, total_steps: int, learning_rate: float, warmup_steps: int = 0) -> float:
@@ -80,7 +107,8 @@ class LitMiniMind(L.LightningModule):
         objective: ``lm`` (next-token CE), ``dpo`` (preference pairs), ``distill`` (SFT data against a
             teacher), ``reward`` (a reward model on preference pairs: :mod:`lit_minimind.model.reward`) or
             ``auto``: ``dpo`` on DPO data, else ``lm``.
-        beta: DPO's beta (MiniMind's ``--beta`` 0.15).
+        beta: DPO's beta (MiniMind's ``--beta`` 0.15), or GRPO's KL weight (``train_grpo.py``'s ``--beta`` 0.1);
+            default: the objective's.
         alpha: distillation's CE weight; the KL term has ``1 - alpha`` (MiniMind's ``--alpha`` 0.5).
         temperature: distillation's softmax temperature (MiniMind's ``--temperature`` 1.5).
         teacher: distillation's teacher, a MiniMind weight file of any size, dense or MoE (the CLI also takes
@@ -89,6 +117,13 @@ class LitMiniMind(L.LightningModule):
             default: the student's).
         teacher_num_layers: the teacher's depth, checked against its file.
         teacher_use_moe: whether the teacher is MoE, checked against its file (and the NAME's ``_moe``).
+        loss_type: GRPO's loss, ``cispo`` (MiniMind's default) or ``grpo`` (:mod:`lit_minimind.model.grpo`).
+        num_generations: GRPO: samples per prompt (MiniMind's ``--num_generations`` 6).
+        epsilon: GRPO's PPO clip (``--epsilon`` 0.2, ``loss_type grpo``).
+        epsilon_high: CISPO's ratio cap (``--epsilon_high`` 5.0).
+        max_gen_len: GRPO: tokens per sample at most (``--max_gen_len``).
+        reward_model: GRPO's scorer: a reward model file (``--model.objective reward``), added to MiniMind's
+            rule rewards; ``none``: the rule rewards alone.
     """
 
     def __init__(
@@ -108,13 +143,19 @@ class LitMiniMind(L.LightningModule):
         compile: bool = False,
         lora_rank: int = 0,
         objective: str = "auto",
-        beta: float = DPO_BETA,
+        beta: float | None = None,
         alpha: float = DISTILL_ALPHA,
         temperature: float = DISTILL_TEMPERATURE,
         teacher: str | None = None,
         teacher_hidden_size: int | None = None,
         teacher_num_layers: int | None = None,
         teacher_use_moe: bool | None = None,
+        loss_type: str = "cispo",
+        num_generations: int = 6,
+        epsilon: float = 0.2,
+        epsilon_high: float = 5.0,
+        max_gen_len: int = 1024,
+        reward_model: str = "none",
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -146,6 +187,15 @@ class LitMiniMind(L.LightningModule):
             raise ValueError(f"alpha must be in [0, 1], got {alpha}")
         if objective == "distill" and temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
+        if loss_type not in LOSS_TYPES:
+            raise ValueError(f"loss_type must be one of {', '.join(LOSS_TYPES)}, got {loss_type!r}")
+        if objective == "grpo" and (num_generations < 2 or max_gen_len < 1):
+            raise ValueError(f"GRPO needs num_generations >= 2 (a group to compare) and max_gen_len >= 1, got "
+                             f"{num_generations} and {max_gen_len}")
+        self.beta = beta if beta is not None else (GRPO_BETA if objective == "grpo" else DPO_BETA)
+        self.scorer = None  # GRPO's reward model (a RewardScorer), held outside the modules as the reference
+        self._stream_epoch: int | None = None  # GRPO: the epoch whose rollout stream this process has set up
+        self._rng_restored = False  # GRPO: whether a resume gave this rank its saved RNG state
         # as MiniMind: DDP leaves the RoPE tables alone (constants on every rank, not state to broadcast)
         self._ddp_params_and_buffers_to_ignore = [n for n, _ in self.named_buffers() if n.endswith(("freqs_cos", "freqs_sin"))]
         if compile:
@@ -166,17 +216,16 @@ class LitMiniMind(L.LightningModule):
         if self.objective == "auto":
             self.objective = "dpo" if getattr(self.trainer.datamodule, "data_kind", None) == "dpo" else "lm"
         kind = getattr(self.trainer.datamodule, "data_kind", None)
-        if (self.objective in ("dpo", "reward")) != (kind == "dpo") and kind is not None:
+        if kind is not None and (problem := objective_data_problem(self.objective, kind)):
             from lit_minimind.errors import UsageError
 
-            raise UsageError(f"--model.objective {self.objective} trains on " + (
-                "preference pairs: give DPO data (--data.kind dpo, or a file of chosen/rejected records)"
-                if kind != "dpo" else f"SFT or pretraining data, not DPO pairs (--data.kind {kind})"))
-        if self.objective == "dpo" and self.reference is None:
+            raise UsageError(problem)
+        if self.objective in ("dpo", "grpo") and self.reference is None:
             if self.start_weights is None:
                 from lit_minimind.errors import UsageError
 
-                raise UsageError("DPO needs --from_weight: the frozen reference model is built from it (MiniMind: full_sft)")
+                raise UsageError(f"{self.objective.upper()} needs --from_weight: the frozen reference model is built "
+                                 "from it (MiniMind: full_sft)")
             self.reference = self._build_reference(self.start_weights["path"], self.start_weights["sha256"])
         if self.objective == "distill" and self.teacher is None:
             if not self.hparams.teacher:
@@ -186,6 +235,8 @@ class LitMiniMind(L.LightningModule):
             self.teacher = load_teacher(self.hparams.teacher, hidden_size=self.hparams.teacher_hidden_size,
                                         num_hidden_layers=self.hparams.teacher_num_layers,
                                         use_moe=self.hparams.teacher_use_moe)
+        if self.objective == "grpo":
+            self.setup_grpo()
         rank = self.trainer.global_rank
         if rank > 0:
             seed_rank(int(os.environ.get("PL_GLOBAL_SEED", MINIMIND_SEED)) + rank)  # Lightning's seed_everything sets it
@@ -199,7 +250,7 @@ class LitMiniMind(L.LightningModule):
     @property
     def needs_start_weights(self) -> bool:
         """Whether a resume needs ``--from_weight`` too (what the checkpoints leave out)."""
-        return bool(self.hparams.lora_rank) or self.objective == "dpo"
+        return bool(self.hparams.lora_rank) or self.objective in ("dpo", "grpo")
 
     def _build_reference(self, path: str, sha256: str) -> Reference:
         with torch.random.fork_rng(devices=[]):  # building it draws nothing from the training's stream
@@ -235,6 +286,8 @@ class LitMiniMind(L.LightningModule):
         return self.model(input_ids, labels=labels)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        if self.objective == "grpo":
+            return self.grpo_step(batch, batch_idx)
         lr = self.lr_at(self.current_epoch, batch_idx + 1)
         for group in self.optimizers().param_groups:
             group["lr"] = lr
@@ -261,7 +314,7 @@ class LitMiniMind(L.LightningModule):
         assert self.reference is not None, "DPO without a reference model (use_start_weights)"
         ref_log_probs = self.reference.log_probs(x, y, like=next(self.model.parameters()))
         out = self.model(x)
-        dpo, rewards = dpo_loss(token_log_probs(out.logits, y), ref_log_probs, mask, self.hparams.beta)
+        dpo, rewards = dpo_loss(token_log_probs(out.logits, y), ref_log_probs, mask, self.beta)
         loss = dpo + out.aux_loss
         return loss, {"loss": loss.detach(), "dpo_loss": dpo.detach(), "aux_loss": out.aux_loss.detach(), **rewards}
 
@@ -272,6 +325,69 @@ class LitMiniMind(L.LightningModule):
         teacher_logits = self.teacher.logits(input_ids, like=next(self.model.parameters()))
         out = self.model(input_ids)
         return distill_loss(out.logits, teacher_logits, labels, self.hparams.alpha, self.hparams.temperature, out.aux_loss)
+
+    # ----------------------------------------------------------------- GRPO
+    def setup_grpo(self) -> None:
+        """GRPO's scorer (``--model.reward_model``, read once) and what the stage cannot do."""
+        from lit_minimind.errors import UsageError
+
+        datamodule = self.trainer.datamodule
+        if getattr(datamodule, "val_fraction", 0):
+            raise UsageError("GRPO has no validation loss: leave --data.val_fraction at 0")
+        path = self.hparams.reward_model
+        if self.scorer is None and path not in (None, "", "none"):
+            self.scorer = RewardScorer(path, datamodule.tokenizer, getattr(datamodule.train_dataset, "chat_template", None))
+
+    def grpo_lr(self, optimizer_steps: int) -> float:
+        """MiniMind's GRPO LR: ``CosineAnnealingLR`` over the run's optimizer steps down to a tenth of the peak
+        (``T_max = ceil(iters / accumulation) * epochs``, or ``--trainer.max_steps``), after ``optimizer_steps``."""
+        trainer, peak = self.trainer, self.hparams.learning_rate
+        total = math.inf
+        if trainer.max_epochs and trainer.max_epochs > 0:
+            total = math.ceil(int(trainer.num_training_batches) / trainer.accumulate_grad_batches) * trainer.max_epochs
+        if trainer.max_steps and trainer.max_steps > 0:
+            total = min(total, trainer.max_steps)
+        eta_min = peak / 10
+        return eta_min + (peak - eta_min) * (1 + math.cos(math.pi * optimizer_steps / max(int(total), 1))) / 2
+
+    def grpo_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        """One rollout of the batch's prompts and MiniMind's GRPO / CISPO loss (:mod:`lit_minimind.model.grpo`)."""
+        from lit_minimind.data.tokenizer import PAD_ID
+
+        hp, generations = self.hparams, self.hparams.num_generations
+        ids, prompts = batch["input_ids"], batch["prompts"]
+        if self._stream_epoch != self.current_epoch:  # an epoch's first step in this process
+            if batch_idx == 0 or not self._rng_restored:  # else the resume restored the stream where it stood
+                seed_rollout_stream(self.current_epoch, len(self.trainer.datamodule.train_dataset), ids.device)
+            self._stream_epoch = self.current_epoch
+        steps = self.trainer.global_step
+        for group in self.optimizers().param_groups:
+            group["lr"] = self.grpo_lr(steps)
+        outputs = rollout(self.model, ids, batch["attention_mask"], generations, hp.max_gen_len)
+        prompt_len = ids.shape[1]
+        completion_ids = outputs[:, prompt_len:]
+        completions = self.trainer.datamodule.tokenizer.decode_batch(completion_ids.tolist(), skip_special_tokens=True)
+        rewards = rewards_of(prompts, completions, generations, self.scorer).to(ids.device)
+        advantages = group_advantages(rewards, generations)
+        attention = (outputs != PAD_ID).long()  # MiniMind's full_mask: a generated PAD is masked too
+        out = self.model(outputs, attention_mask=attention)
+        logps = completion_log_probs(out.logits, outputs, prompt_len)
+        assert self.reference is not None, "GRPO without a reference model (setup builds it)"
+        ref_logits = self.reference.logits(outputs, like=next(self.model.parameters()), attention_mask=attention)
+        ref_logps = completion_log_probs(ref_logits, outputs, prompt_len)
+        mask = completion_mask(completion_ids)
+        pg_loss, kl_ref = policy_loss(logps, ref_logps, advantages, mask, hp.loss_type, self.beta, hp.epsilon,
+                                      hp.epsilon_high)
+        loss = pg_loss + out.aux_loss
+        # MiniMind prints the LR after its scheduler stepped, which it does when step % accumulation == 0
+        window_end = (batch_idx + 1) % self.trainer.accumulate_grad_batches == 0
+        self.last_stats = {"loss": loss.detach(), "aux_loss": out.aux_loss.detach(), "reward": rewards.mean(),
+                           "kl_ref": kl_ref, "advantages_std": advantages.std(), "advantages_mean": advantages.mean(),
+                           "avg_response_len": mask.sum(dim=1).float().mean(),
+                           "lr": self.grpo_lr(steps + 1 if window_end else steps)}
+        self.rollout_log = {"completion_ids": completion_ids, "rewards": rewards}  # for callbacks and tests
+        self.train_loss_mean.update(loss.detach().float())
+        return loss
 
     def on_train_epoch_end(self) -> None:
         if self.train_loss_mean.weight > 0:  # batches of this epoch trained (same count on every rank)
@@ -312,12 +428,16 @@ class LitMiniMind(L.LightningModule):
             checkpoint[START_WEIGHTS_KEY] = dict(self.start_weights)
         if self.teacher is not None:
             checkpoint[TEACHER_KEY] = {"path": str(self.teacher.path), "sha256": self.teacher.sha256}
+        if self.scorer is not None:
+            checkpoint[REWARD_MODEL_KEY] = {"path": str(self.scorer.path), "sha256": self.scorer.sha256}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint of another model shape or start weights, naming every differing field at once
         (before anything is loaded; the DataModule checks its own state in its ``load_state_dict``)."""
         problems = config_mismatches(shape_config(checkpoint.get("state_dict", {})), shape_config(self.model.state_dict()))
         problems += self.start_weights_mismatches(checkpoint) + self.teacher_mismatches(checkpoint)
+        problems += self.reward_model_mismatches(checkpoint)
+        self._rng_restored = rank_rng_state(checkpoint.get(TRAINING_STATE_KEY) or {}, self.global_rank) is not None
         if problems:
             raise CheckpointError("checkpoint does not match this run (a resume needs the same model):\n  "
                                   + "\n  ".join(problems))
@@ -337,7 +457,7 @@ class LitMiniMind(L.LightningModule):
                                 "is it a LoRA run's checkpoint of this rank?")
         saved = checkpoint.get(START_WEIGHTS_KEY)
         if saved and self.needs_start_weights:
-            what = "reference model" if self.objective == "dpo" else "LoRA base"
+            what = "reference model" if self.objective in ("dpo", "grpo") else "LoRA base"
             if self.start_weights is None:
                 problems.append(f"--from_weight: none given, but the checkpoint's {what} is {saved['path']} "
                                 f"(sha256 {saved['sha256'][:12]}); pass it")
@@ -346,6 +466,23 @@ class LitMiniMind(L.LightningModule):
                                 f"written: sha256 {self.start_weights['sha256'][:12]}, checkpoint {saved['sha256'][:12]} "
                                 f"({saved['path']}); restore that file or start fresh")
         return problems
+
+    def reward_model_mismatches(self, checkpoint: dict[str, Any]) -> list[str]:
+        """A GRPO resume needs the reward model its checkpoint was trained with (or none, as then)."""
+        saved = checkpoint.get(REWARD_MODEL_KEY)
+        if self.objective != "grpo" or "state_dict" not in checkpoint or not checkpoint.get("hyper_parameters"):
+            return []
+        if saved is None and self.scorer is not None:
+            return [f"--model.reward_model {self.scorer.path}: the checkpoint was trained with rule rewards only "
+                    "(--model.reward_model none)"]
+        if saved and self.scorer is None:
+            return [f"--model.reward_model none, but the checkpoint was trained with {saved['path']} "
+                    f"(sha256 {saved['sha256'][:12]}); pass it"]
+        if saved and self.scorer is not None and self.scorer.sha256 != saved["sha256"]:
+            return [f"--model.reward_model {self.scorer.path} changed since the checkpoint was written: sha256 "
+                    f"{self.scorer.sha256[:12]}, checkpoint {saved['sha256'][:12]} ({saved['path']}); "
+                    "restore that file or start fresh"]
+        return []
 
     def teacher_mismatches(self, checkpoint: dict[str, Any]) -> list[str]:
         """A distillation resume needs the teacher file its checkpoint was trained against."""

@@ -41,9 +41,12 @@ SHARED_ABSENT = "../shared is absent"  # in the skip reason: conftest's terminal
 
 LINE_RE = re.compile(
     # MiniMind's line; its DPO line (train_dpo.py) says dpo_loss and learning_rate (the reward model's: reward_loss); its distillation line
-    # (train_distillation.py) ce, and distill after aux_loss (the 5th value: DISTILL_RE)
-    r"Epoch:\[(\d+)/(\d+)\]\((\d+)/(\d+)\), loss: ([\d.]+), (?:logits_loss|dpo_loss|reward_loss|ce): ([\d.]+), aux_loss: ([\d.]+), "
-    r"(?:distill: [\d.]+, )?(?:lr|learning_rate): ([\d.]+), epoch_time: ([\d.]+)min"
+    # (train_distillation.py) ce, and distill after aux_loss (the 5th value: DISTILL_RE); its GRPO line (train_grpo.py):
+    # groups 9-15 (reward, KL_ref, advantages' std and mean, actor loss, response length, lr), groups 4-8 empty
+    r"Epoch:\[(\d+)/(\d+)\]\((\d+)/(\d+)\), (?:loss: ([\d.]+), (?:logits_loss|dpo_loss|reward_loss|ce): ([\d.]+), "
+    r"aux_loss: ([\d.]+), (?:distill: [\d.]+, )?(?:lr|learning_rate): ([\d.]+), epoch_time: ([\d.]+)min"
+    r"|Reward: (-?[\d.]+), KL_ref: (-?[\d.]+), Adv Std: (-?[\d.]+), Adv Mean: (-?[\d.]+), Actor Loss: (-?[\d.]+), "
+    r"Avg Response Len: ([\d.]+), Learning Rate: ([\d.]+))"
 )
 DISTILL_RE = re.compile(r"Epoch:\[(\d+)/\d+\]\((\d+)/\d+\), loss: ([\d.]+), ce: ([\d.]+), aux_loss: ([\d.]+), "
                         r"distill: ([\d.]+), learning_rate: ([\d.]+)")
@@ -90,8 +93,9 @@ def free_port() -> int:
 
 
 def steps_of(lines: list[tuple]) -> dict[tuple[int, int], tuple[str, ...]]:
-    """(epoch, step) -> printed (loss, logits_loss, aux_loss, lr) of ``LINE_RE.findall`` matches."""
-    return {(int(m[0]), int(m[2])): (m[4], m[5], m[6], m[7]) for m in lines}
+    """(epoch, step) -> printed (loss, logits_loss, aux_loss, lr) of ``LINE_RE.findall`` matches (a GRPO line:
+    its seven values)."""
+    return {(int(m[0]), int(m[2])): (m[4], m[5], m[6], m[7]) if m[4] else tuple(m[9:16]) for m in lines}
 
 
 @dataclass

@@ -1,0 +1,97 @@
+"""MiniMind's RL prompts (``RLAIFDataset`` of ``dataset/lm_dataset.py``) over a jsonl file of conversations.
+
+A record is an SFT record (:mod:`lit_minimind.data.sft`; MiniMind's ``rlaif.jsonl`` ends each with an empty
+assistant turn). Its prompt is the conversation without its last assistant turn, augmented as SFT
+(a system prompt with probability ``add_system_ratio``), rendered with the chat template and MiniMind's
+generation prompt, thinking opened with probability ``thinking_ratio`` (the template's ``open_thinking``).
+The draws of sample ``index`` come from a generator seeded with ``(seed, epoch, index)``, as SFT's.
+
+A sample is ``(prompt text, its token ids cut to the last max_length)``; :func:`collate_prompts` left-pads a
+batch with PAD into ``{"input_ids", "attention_mask", "prompts"}``, which is MiniMind's
+``tokenizer(prompts, padding_side="left")[:, -max_seq_len:]``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+from torch.utils.data import Dataset
+
+from lit_minimind.data.chat_template import render_chat
+from lit_minimind.data.dataset import JsonlRecords
+from lit_minimind.data.sampler import MINIMIND_SEED
+from lit_minimind.data.sft import SYSTEM_PROMPTS, FollowsEpoch, augment, chat_messages, check_sft_record
+from lit_minimind.data.tokenizer import PAD_ID
+from lit_minimind.errors import DataError
+
+__all__ = ["RLAIFDataset", "collate_prompts", "THINKING_RATIO"]
+
+THINKING_RATIO = 0.9  # train_grpo.py's --thinking_ratio
+
+
+class RLAIFDataset(FollowsEpoch, JsonlRecords, Dataset[tuple[str, list[int]]]):
+    """MiniMind's RL prompts ``(text, ids)`` from a jsonl file of conversations.
+
+    Args:
+        data_path: jsonl of ``{"conversations": [...]}`` records.
+        tokenizer: from :func:`lit_minimind.data.tokenizer.load_tokenizer`.
+        max_length: the prompt's tokens at most, the last ones kept (MiniMind's ``--max_seq_len``).
+        chat_template: Jinja source; default MiniMind's.
+        add_system_ratio: probability of prepending a system prompt to a conversation without one.
+        thinking_ratio: probability of opening the thinking block (MiniMind's ``--thinking_ratio``).
+        seed: base seed of the draws.
+        cache_dir: where the record index is cached.
+    """
+
+    def __init__(self, data_path: str | os.PathLike[str], tokenizer: Tokenizer, max_length: int = 768,
+                 chat_template: str | None = None, add_system_ratio: float = 0.2,
+                 thinking_ratio: float = THINKING_RATIO, seed: int = MINIMIND_SEED,
+                 cache_dir: str | os.PathLike[str] | None = None) -> None:
+        if max_length < 1:
+            raise ValueError(f"max_length must be >= 1, got {max_length}")
+        for name, ratio in (("add_system_ratio", add_system_ratio), ("thinking_ratio", thinking_ratio)):
+            if not 0.0 <= ratio <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {ratio}")
+        super().__init__(data_path, check_rlaif_record, cache_dir)
+        self.tokenizer, self.max_length, self.chat_template = tokenizer, max_length, chat_template
+        self.add_system_ratio, self.thinking_ratio, self.seed = add_system_ratio, thinking_ratio, seed
+        self.epoch = 0
+        self._epoch_source = None
+
+    def prompt(self, index: int, epoch: int | None = None) -> str:
+        """The rendered prompt of sample ``index`` in ``epoch`` (default: the current one)."""
+        index = range(len(self))[index]
+        rng = np.random.default_rng([self.seed, self.current_epoch if epoch is None else epoch, index])
+        u_system, u_think = rng.random(2)
+        choice = int(rng.integers(len(SYSTEM_PROMPTS)))
+        conversations = self.record(index)["conversations"]
+        if conversations[-1].get("role") == "assistant":
+            conversations = conversations[:-1]  # MiniMind: conversations[:-1], the answer slot
+        messages, tools = chat_messages(augment(conversations, u_system < self.add_system_ratio,
+                                                SYSTEM_PROMPTS[choice]))
+        return render_chat(messages, self.chat_template, add_generation_prompt=True, tools=tools,
+                           open_thinking=bool(u_think < self.thinking_ratio))
+
+    def __getitem__(self, index: int) -> tuple[str, list[int]]:
+        text = self.prompt(index)
+        return text, self.tokenizer.encode(text, add_special_tokens=False).ids[-self.max_length:]
+
+
+def collate_prompts(samples: list[tuple[str, list[int]]]) -> dict[str, Any]:
+    """Left-pad a batch of prompts with PAD: ``input_ids``, ``attention_mask`` (0 on padding), ``prompts``."""
+    width = max(len(ids) for _, ids in samples)
+    ids = torch.tensor([[PAD_ID] * (width - len(t)) + t for _, t in samples], dtype=torch.long)
+    mask = torch.tensor([[0] * (width - len(t)) + [1] * len(t) for _, t in samples], dtype=torch.long)
+    return {"input_ids": ids, "attention_mask": mask, "prompts": [text for text, _ in samples]}
+
+
+def check_rlaif_record(record: dict, where: str) -> None:
+    """An SFT record without the need of an answer, whose prompt (all but a last assistant turn) is not empty."""
+    check_sft_record(record, where, need_answer=False)
+    conversations = record["conversations"]
+    if len(conversations) == 1 and conversations[0].get("role") == "assistant":
+        raise DataError(f"{where}: no prompt (the only message is the assistant's)")
