@@ -26,6 +26,7 @@ from tests.helpers.runs import (
     TOKENIZER,
     assert_resumed,
     assert_same_files,
+    cli_env,
     assert_steps_match,
     need_shared,
     run_cli,
@@ -320,3 +321,29 @@ def test_grpo_lr_is_miniminds_cosine(tmp_path: Path) -> None:
     got = {k: float(v[-1]) for k, v in run.steps.items()}
     assert got.keys() == want.keys()
     assert all(abs(got[k] - want[k]) < 1e-8 for k in want), [(k, got[k], want[k]) for k in want]
+
+
+@pytest.mark.slow  # 2-process runs: about a minute (make test-slow)
+def test_grpo_ddp_killed_and_resumed_exactly(tmp_path: Path) -> None:
+    """DDP 2 processes: each rank samples its own prompts from its own stream; the group SIGKILLed inside a save
+    and resumed ends with the uninterrupted run's files, and the steps after the resume print the same values."""
+    need_shared()
+    from lit_minimind.model.grpo import RANK_SEED_STRIDE
+
+    ddp = tiny_grpo_args("--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.max_epochs", "2")
+    ref_dir, killed_dir = tmp_path / "ref", tmp_path / "killed"
+    ref_dir.mkdir(), killed_dir.mkdir()
+    ref = run_cli(ref_dir, ddp)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    assert len(ref.steps) == 12  # 2 epochs x 6 batches per rank
+    ranks = torch.load(ref_dir / "checkpoints" / "grpo_64_resume.pth", weights_only=True)["lit_minimind"]["ranks"]
+    streams = [state["rng"]["torch"] for state in ranks]
+    assert not torch.equal(*streams), "both ranks drew the same numbers"
+    assert RANK_SEED_STRIDE > 2  # rank 1 never reuses the seed of a later epoch of rank 0
+    killed = run_cli(killed_dir, ddp, env=cli_env(LIT_MINIMIND_TEST_STOP_IN_SAVE="2:checkpoint"))
+    assert killed.returncode == -9
+    resumed = run_cli(killed_dir, ddp + ["--ckpt_path", "last"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_resumed(resumed, 1, 5)
+    assert resumed.steps == {k: v for k, v in ref.steps.items() if k >= (1, 5)}
+    assert_same_files(ref_dir, killed_dir, ["out/grpo_64.pth", "checkpoints/grpo_64_resume.pth"])

@@ -124,11 +124,17 @@ def policy_loss(logps: torch.Tensor, ref_logps: torch.Tensor, advantages: torch.
     return loss, kl_ref
 
 
-def seed_rollout_stream(epoch: int, num_samples: int, device: torch.device, seed: int = 42) -> None:
+RANK_SEED_STRIDE = 1 << 20  # rank r > 0 seeds its stream this far from rank 0's
+
+
+def seed_rollout_stream(epoch: int, num_samples: int, device: torch.device, rank: int = 0, seed: int = 42) -> None:
     """Put torch's global stream where MiniMind's is at an epoch's first rollout: ``setup_seed(42 + epoch)``,
     then (on the CPU stream) its ``torch.randperm(len(train_ds))`` and the DataLoader iterator's base-seed
-    draw. A CUDA rollout draws from the CUDA stream, which those two CPU draws leave alone."""
-    torch.manual_seed(seed + epoch)
+    draw. A CUDA rollout draws from the CUDA stream, which those two CPU draws leave alone.
+
+    MiniMind seeds every DDP rank alike, so its ranks draw the same numbers for their different prompts; here
+    rank ``r > 0`` seeds ``r * RANK_SEED_STRIDE`` further on and samples independently (rank 0 is MiniMind's)."""
+    torch.manual_seed(seed + epoch + rank * RANK_SEED_STRIDE)
     if device.type == "cpu":
         torch.randperm(num_samples)
         torch.empty((), dtype=torch.int64).random_()

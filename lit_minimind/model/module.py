@@ -358,7 +358,8 @@ class LitMiniMind(L.LightningModule):
         ids, prompts = batch["input_ids"], batch["prompts"]
         if self._stream_epoch != self.current_epoch:  # an epoch's first step in this process
             if batch_idx == 0 or not self._rng_restored:  # else the resume restored the stream where it stood
-                seed_rollout_stream(self.current_epoch, len(self.trainer.datamodule.train_dataset), ids.device)
+                seed_rollout_stream(self.current_epoch, len(self.trainer.datamodule.train_dataset), ids.device,
+                                    self.global_rank)
             self._stream_epoch = self.current_epoch
         steps = self.trainer.global_step
         for group in self.optimizers().param_groups:
