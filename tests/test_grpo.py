@@ -37,6 +37,7 @@ FIXTURE = Path(__file__).parent / "fixtures" / "grpo"
 RUNS = json.loads((FIXTURE / "runs.json").read_text()) if (FIXTURE / "runs.json").exists() else {}
 SFT_JSONL = MINIMIND / "sft" / "sft.jsonl"
 ROLLOUTS = "--trainer.callbacks+=tests.helpers.rollouts.RolloutLog"
+MEMORIZED = Path(__file__).parent / "fixtures" / "serve" / "memorized_64.pth"
 
 
 # ----------------------------------------------------------------------------- MiniMind's code, as it is written
@@ -171,14 +172,17 @@ def test_rlaif_prompts_are_miniminds_chat_template() -> None:
 def minimind_argv(run: str) -> list[str]:
     """runs.json's argv of MiniMind's script with the shared data, ``--save_dir out``, the shared tokenizer, the
     augmentation pinned as in the fixture, and the rollout log."""
-    argv = [a.replace("<shared>", str(SHARED)) for a in RUNS[run]["argv"][2:]]
+    argv = [a.replace("<shared>", str(SHARED)).replace("<fixture>", str(FIXTURE)) for a in RUNS[run]["argv"][2:]]
     return ["--config", "minimind_grpo", *argv, "--save_dir", "out", "--data.tokenizer_path", str(TOKENIZER),
             "--data.add_system_ratio", "0", ROLLOUTS, *QUIET]
 
 
 def start_from_sft(run_dir: Path) -> None:
+    """MiniMind's --from_weight full_sft, and the fixture's think runs' --from_weight memorized (a model that
+    answers its prompt with a thinking block and EOS: tests/fixtures/serve)."""
     (run_dir / "out").mkdir(parents=True, exist_ok=True)
     shutil.copy(SFT_EXPORT, run_dir / "out" / "full_sft_64.pth")
+    shutil.copy(MEMORIZED, run_dir / "out" / "memorized_64.pth")
 
 
 def assert_minimind_steps(run_dir: Path, expected: list[dict]) -> None:
@@ -194,7 +198,7 @@ def assert_minimind_steps(run_dir: Path, expected: list[dict]) -> None:
         assert abs(r["lr"] - s["lr"]) <= 1e-9 * max(1.0, s["lr"]) + 1e-12, (where, r["lr"], s["lr"])
 
 
-@pytest.mark.parametrize("run", ["cispo_full", pytest.param("grpo_full", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("run", ["cispo_full", "think_full", pytest.param("grpo_full", marks=pytest.mark.slow)])
 def test_minimind_grpo_argv_reproduces_its_run(tmp_path: Path, run: str) -> None:
     need_shared()
     if not RUNS:
@@ -207,10 +211,11 @@ def test_minimind_grpo_argv_reproduces_its_run(tmp_path: Path, run: str) -> None
     export = torch.load(tmp_path / "out" / "grpo_64.pth", weights_only=True)
     resume = torch.load(tmp_path / "checkpoints" / "grpo_64_resume.pth", weights_only=True)
     assert set(export) == set(resume["model"]) and all(v.dtype == torch.float16 for v in export.values())
-    assert resume["start_weights"]["path"] == "out/full_sft_64.pth"  # the reference: re-read and checked on resume
+    start = RUNS[run]["argv"][RUNS[run]["argv"].index("--from_weight") + 1]
+    assert resume["start_weights"]["path"] == f"out/{start}_64.pth"  # the reference: re-read and checked on resume
 
 
-@pytest.mark.parametrize("run", ["cispo_resumed", pytest.param("grpo_resumed", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("run", ["cispo_resumed", "think_resumed", pytest.param("grpo_resumed", marks=pytest.mark.slow)])
 def test_from_resume_continues_minimind_grpo_file(tmp_path: Path, run: str) -> None:
     """MiniMind's resume file (fp16 weights, no RNG state): the port continues as MiniMind does, its stream
     seeded at the epoch's start, and samples MiniMind's resumed run's tokens."""
@@ -220,10 +225,11 @@ def test_from_resume_continues_minimind_grpo_file(tmp_path: Path, run: str) -> N
     start_from_sft(tmp_path)
     (tmp_path / "checkpoints").mkdir()
     kind = run.split("_")[0]
-    shutil.copy(FIXTURE / f"checkpoints__grpo_64_resume.{kind}.e0s5.pth", tmp_path / "checkpoints" / "grpo_64_resume.pth")
+    saved = next(FIXTURE.glob(f"checkpoints__grpo_64_resume.{kind}.e0s*.pth"))
+    shutil.copy(saved, tmp_path / "checkpoints" / "grpo_64_resume.pth")
     out = run_cli(tmp_path, minimind_argv(run))
     assert out.returncode == 0, out.stderr[-3000:]
-    assert_resumed(out, 1, 6)
+    assert_resumed(out, 1, int(saved.name.split(".e0s")[1].split(".")[0]) + 1)
     assert_minimind_steps(tmp_path, RUNS[run]["steps"])
 
 

@@ -29,7 +29,7 @@ TRAINING_STATE_KEY = "lit_minimind"  # per-rank RNG (a save is taken at an optim
 TRAINING_STATE_FORMAT = 3  # of TRAINING_STATE_KEY: 3 = RNG only (1, 2: partial gradients inline / in shards)
 LORA_KEY = ".lora."  # in every LoRA adapter's key (MiniMind's ``lora`` modules)
 CALLBACK_FORMAT_VERSION = 2  # of ResumeCallback's state
-START_WEIGHTS_KEY = "start_weights"  # {"path", "sha256"} of --from_weight in LoRA and DPO checkpoints
+START_WEIGHTS_KEY = "start_weights"  # {"path", "sha256"} of --from_weight in LoRA, DPO and GRPO checkpoints
 TEACHER_KEY = "teacher"  # {"path", "sha256"} of --model.teacher in distillation checkpoints
 REWARD_MODEL_KEY = "reward_model"  # {"path", "sha256"} of --model.reward_model in GRPO checkpoints
 
@@ -52,7 +52,7 @@ CHECKPOINT_SCHEMA: dict[str, str] = {
     DATA_STATE_KEY: "Lightning, from MiniMindDataModule.state_dict: the data position (epoch, step, world size, "
                     "epoch length, batch size, dataset length)",
     "model_config": "LitMiniMind.on_save_checkpoint: the model's shape",
-    START_WEIGHTS_KEY: "LitMiniMind.on_save_checkpoint, LoRA and DPO only: path and sha256 of --from_weight",
+    START_WEIGHTS_KEY: "LitMiniMind.on_save_checkpoint, LoRA, DPO and GRPO only: path and sha256 of --from_weight",
     TEACHER_KEY: "LitMiniMind.on_save_checkpoint, distillation only: path and sha256 of --model.teacher",
     REWARD_MODEL_KEY: "LitMiniMind.on_save_checkpoint, GRPO with a reward model only: path and sha256 of "
                       "--model.reward_model",
