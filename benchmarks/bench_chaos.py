@@ -21,9 +21,7 @@ import re
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -126,91 +124,69 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return {"equal": a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a), "max_abs_diff": diff}
 
 
-class Ours:
-    """``python -m lit_minimind.fit`` on the embedded default, every start ``--ckpt_path last``."""
-
-    name = "lit-minimind"
-
-    def __init__(self, epochs: int) -> None:
-        self.data, self.tok = bc.default_data()
-        self.epochs = epochs
-
-    def prepare(self, work: Path, every: float | None = None) -> tuple[list[str], dict[str, str]]:
-        flags = {**bc.model_flags(HIDDEN, LAYERS, SEQ, BATCH), "model.learning_rate": LR, "log_interval": 1,
-                 "trainer.max_epochs": self.epochs, "resume.save_every_minutes": "auto" if every is None else every / 60}
-        return bc.fit_cmd(work, self.data, self.tok, flags, "--ckpt_path", "last"), bc.child_env()
-
-    def save_seconds(self, work: Path) -> float | None:
-        """The median blocking save cost the run recorded (its auto interval's ``s``), from its newest checkpoint."""
-        import torch
-
-        from lit_minimind.checkpoint.names import RESUME_STATE_KEY
-
-        newest = max((work / "checkpoints").glob("*.ckpt"), key=os.path.getmtime)
-        costs = torch.load(newest, map_location="cpu", weights_only=False)["callbacks"][RESUME_STATE_KEY]["schedule"]
-        return statistics.median(costs["save_seconds"]) if costs["save_seconds"] else None
+def ours_cmd(work: Path, epochs: int, every: float | None) -> tuple[list[str], dict[str, str], Path]:
+    """``python -m lit_minimind.fit`` on the embedded default, every start ``--ckpt_path last``, a save every ``every``
+    seconds (None: ``auto``): the command, its environment, where it runs."""
+    data, tok = bc.default_data()
+    flags = {"model.learning_rate": LR, "log_interval": 1, "trainer.max_epochs": epochs,
+             "resume.save_every_minutes": "auto" if every is None else every / 60}
+    return bc.fit_cmd(work, data, tok, (HIDDEN, LAYERS, SEQ, BATCH), flags, "--ckpt_path", "last"), bc.child_env(), work
 
 
-class MiniMind:
-    """MiniMind's ``trainer/train_pretrain.py --from_resume 1`` on the same data, tokenizer and model, fp32 on CPU."""
+def ours_save_s(work: Path) -> float | None:
+    """The median blocking save cost the run recorded (its auto interval's ``s``), from its newest checkpoint."""
+    import torch
 
-    name = "MiniMind"
+    from lit_minimind.checkpoint.names import RESUME_STATE_KEY
 
-    def __init__(self, src: Path, python: str, ours: Ours) -> None:
-        self.src, self.python, self.ours = src, python, ours
-
-    def prepare(self, work: Path, every_steps: int) -> tuple[list[str], dict[str, str]]:
-        for part in ("model", "dataset", "trainer"):
-            shutil.copytree(self.src / part, work / part, dirs_exist_ok=True)
-        for f in self.ours.tok.iterdir():  # the same tokenizer as ours
-            shutil.copy(f, work / "model" / f.name)
-        args = {"epochs": self.ours.epochs, "batch_size": BATCH, "learning_rate": LR, "num_workers": 0,
-                "accumulation_steps": 1, "grad_clip": 1.0, "log_interval": 1, "save_interval": every_steps,
-                "hidden_size": HIDDEN, "num_hidden_layers": LAYERS, "max_seq_len": SEQ, "device": "cpu",
-                "data_path": self.ours.data, "from_resume": 1, "save_dir": "../out"}
-        cmd = [self.python, "train_pretrain.py", *(a for k, v in args.items() for a in (f"--{k}", str(v)))]
-        return cmd, bc.child_env(HF_DATASETS_CACHE=str(work / "hf-datasets"))
-
-    @staticmethod
-    def save_seconds(run: dict[str, Any], every_steps: int) -> float | None:
-        """Its save is in the loop: the gap after a saving step minus the median gap between steps."""
-        steps = [s for start in run["starts"] for s in start["steps"]]
-        gaps = {b[1]: b[0] - a[0] for a, b in zip(steps, steps[1:]) if b[1] == a[1] + 1}
-        after = [gaps[i + 1] for i in gaps if i % every_steps == 0 and i + 1 in gaps]
-        return max(0.0, statistics.median(after) - statistics.median(gaps.values())) if after else None
+    newest = max((work / "checkpoints").glob("*.ckpt"), key=os.path.getmtime)
+    costs = torch.load(newest, map_location="cpu", weights_only=False)["callbacks"][RESUME_STATE_KEY]["schedule"]
+    return statistics.median(costs["save_seconds"]) if costs["save_seconds"] else None
 
 
-def minimind_side(src: str | None, python: str | None, ours: Ours) -> tuple[MiniMind | None, str]:
-    src = src or os.environ.get("MINIMIND_SRC")
-    python = python or os.environ.get("MINIMIND_PYTHON") or sys.executable
-    if not src or not (Path(src) / "trainer" / "train_pretrain.py").is_file():
-        return None, "no MiniMind checkout (--minimind-src, $MINIMIND_SRC): its column is left out"
-    probe = subprocess.run([python, "-c", "import transformers, datasets, torch"], capture_output=True)
-    if probe.returncode:
-        return None, f"{python} lacks transformers/datasets (--minimind-python): MiniMind's column is left out"
-    return MiniMind(Path(src), python, ours), f"MiniMind from {bc.rel(src)}"
+def minimind_cmd(mm: tuple[Path, str], work: Path, epochs: int, every_steps: int) -> tuple[list[str], dict, Path]:
+    """MiniMind's ``trainer/train_pretrain.py --from_resume 1`` (checkout, Python) copied into ``work``, on the same
+    data, tokenizer and model, fp32 on CPU, a save every ``every_steps``."""
+    data, tok = bc.default_data()
+    for part in ("model", "dataset", "trainer"):
+        shutil.copytree(mm[0] / part, work / part, dirs_exist_ok=True)
+    for f in tok.iterdir():  # the same tokenizer as ours
+        shutil.copy(f, work / "model" / f.name)
+    args = {"epochs": epochs, "batch_size": BATCH, "learning_rate": LR, "num_workers": 0, "accumulation_steps": 1,
+            "grad_clip": 1.0, "log_interval": 1, "save_interval": every_steps, "hidden_size": HIDDEN,
+            "num_hidden_layers": LAYERS, "max_seq_len": SEQ, "device": "cpu", "data_path": data, "from_resume": 1,
+            "save_dir": "../out"}
+    cmd = [mm[1], "train_pretrain.py", *(a for k, v in args.items() for a in (f"--{k}", str(v)))]
+    return cmd, bc.child_env(HF_DATASETS_CACHE=str(work / "hf-datasets")), work / "trainer"
 
 
-def measure(tmp: Path, epochs: int, means: list[float], mm: MiniMind | None, ours: Ours, sweep: bool, jobs: int,
+def minimind_save_s(run: dict[str, Any], every_steps: int) -> float | None:
+    """Its save is in the loop: the gap after a saving step minus the median gap between steps."""
+    steps = [s for start in run["starts"] for s in start["steps"]]
+    gaps = {b[1]: b[0] - a[0] for a, b in zip(steps, steps[1:]) if b[1] == a[1] + 1}
+    after = [gaps[i + 1] for i in gaps if i % every_steps == 0 and i + 1 in gaps]
+    return max(0.0, statistics.median(after) - statistics.median(gaps.values())) if after else None
+
+
+def measure(tmp: Path, epochs: int, means: list[float], mm: tuple[Path, str] | None, sweep: bool, jobs: int,
             seed: int) -> dict[str, Any]:
     limit = 3600.0  # a chaos run's wall-clock bound: 25 x its uninterrupted run's, once that is known
 
-    def once(side: Any, label: str, signals: list[tuple[float, int]], *how: Any) -> dict[str, Any]:
-        work = tmp / label
-        cmd, env = side.prepare(work, *how)
-        if side is not ours:
-            work = work / "trainer"
+    def once(label: str, signals: list[tuple[float, int]], every: float | None = None,
+             steps: int | None = None) -> dict[str, Any]:
+        """Ours (a save every ``every`` s, None: auto) or, with ``steps``, MiniMind's, under ``signals``."""
+        cmd, env, work = minimind_cmd(mm, tmp / label, epochs, steps) if steps else ours_cmd(tmp / label, epochs, every)
         bc.say(f"  {label}: starting")
         run = chaos(cmd, work, env, signals, limit=limit)
         bc.say(f"  {label}: {run['wall_s']:.1f} s, {len(run['starts'])} start(s)")
-        return {**run, "work": work}
+        return {**run, "work": tmp / label}
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        base = {"ours": pool.submit(once, ours, "ours-uninterrupted", [])}
+        base = {"ours": pool.submit(once, "ours-uninterrupted", [])}
         if mm:
-            base["minimind"] = pool.submit(once, mm, "minimind-uninterrupted", [], 10)
+            base["minimind"] = pool.submit(once, "minimind-uninterrupted", [], steps=10)
         base = {k: f.result() for k, f in base.items()}
-        save_s = ours.save_seconds(base["ours"]["work"])
+        save_s = ours_save_s(base["ours"]["work"])
         steps = [s for start in base["ours"]["starts"] for s in start["steps"]]
         step_s = (steps[-1][0] - steps[0][0]) / max(1, len(steps) - 1)
         horizon = 20 * base["ours"]["wall_s"]
@@ -218,33 +194,31 @@ def measure(tmp: Path, epochs: int, means: list[float], mm: MiniMind | None, our
 
         def per_mean(mean: float) -> dict[str, Any]:
             signals = schedule(mean, seed, horizon)
-            auto = once(ours, f"ours-auto-{mean:g}", signals)
+            auto = once(f"ours-auto-{mean:g}", signals)
             tau = sorted(t for s in auto["starts"] for t in s["intervals"])
             tau = tau[len(tau) // 2] if tau else None
-            out = {"auto": summarize(auto, base["ours"]["wall_s"], mean, ours.save_seconds(auto["work"]), tau)}
+            out = {"auto": summarize(auto, base["ours"]["wall_s"], mean, ours_save_s(auto["work"]), tau)}
             out["auto"]["weights"] = compare(final_weights(auto["work"]), final_weights(base["ours"]["work"]))
             if mm:
                 every = max(1, round((tau or 10.0) / step_s))
-                run = once(mm, f"minimind-{mean:g}", signals, every)
-                out["minimind"] = summarize(run, base["minimind"]["wall_s"], mean, mm.save_seconds(run, every),
-                                            every * step_s)
-                out["minimind"]["weights"] = compare(final_weights(run["work"].parent),
-                                                     final_weights(base["minimind"]["work"].parent))
-                out["minimind"]["save_interval_steps"] = every
+                run = once(f"minimind-{mean:g}", signals, steps=every)
+                weights = compare(final_weights(run["work"]), final_weights(base["minimind"]["work"]))
+                out["minimind"] = {**summarize(run, base["minimind"]["wall_s"], mean, minimind_save_s(run, every),
+                                             every * step_s), "save_interval_steps": every, "weights": weights}
             return out
 
         def fixed(mean: float, tau: float) -> dict[str, Any]:
-            run = once(ours, f"ours-fixed-{mean:g}-{tau:.3g}", schedule(mean, seed, horizon), tau)
-            return summarize(run, base["ours"]["wall_s"], mean, ours.save_seconds(run["work"]), tau)
+            run = once(f"ours-fixed-{mean:g}-{tau:.3g}", schedule(mean, seed, horizon), tau)
+            return {**summarize(run, base["ours"]["wall_s"], mean, ours_save_s(run["work"]), tau), "tau_s": tau}
 
         from lit_minimind.callbacks.schedule import young_daly_interval
 
         taus = {m: [young_daly_interval(save_s or 0.0, m) * f for f in (1 / 3, 1, 3)] for m in means} if sweep else {}
         by_mean = {m: pool.submit(per_mean, m) for m in means}
-        swept = {m: [(t, pool.submit(fixed, m, t)) for t in ts] for m, ts in taus.items()}
+        swept = {m: [pool.submit(fixed, m, t) for t in ts] for m, ts in taus.items()}
         results = {f"{m:g}": f.result() for m, f in by_mean.items()}  # JSON keys: "15", "30", ...
         for m, runs in swept.items():
-            results[f"{m:g}"]["sweep"] = [{**f.result(), "tau_s": t} for t, f in runs]
+            results[f"{m:g}"]["sweep"] = [f.result() for f in runs]
     return {"baseline_s": {k: b["wall_s"] for k, b in base.items()}, "baseline_save_s": save_s, "step_s": step_s,
             "by_mean": results}
 
@@ -263,11 +237,10 @@ def render(p: dict[str, Any]) -> tuple[str, str]:
                          "yes" if x["weights"]["equal"] else f"no ({x['weights']['max_abs_diff']:.1e})",
                          x["skipped_checkpoints"]])
         if sweep := r.get("sweep"):
-            best = max(sweep, key=lambda s: s["goodput"])
-            gap = best["goodput"] - r["auto"]["goodput"]
+            gap = max(s["goodput"] for s in sweep) - r["auto"]["goodput"]
             sweep_rows.append([mean, ", ".join(f"{s['tau_s']:.2g} s: {s['goodput']:.3f}" for s in sweep),
                                f"{r['auto']['goodput']:.3f} (tau {f(r['auto']['tau_s'])} s)",
-                               f"{gap:+.3f}: {'yes' if gap <= 0.02 else 'NO'}"])
+                               f"{gap:+.3f}: {bc.yes(gap <= 0.02)}"])
     table = bc.table(["mean s between signals", "run", "goodput", "Young/Daly", "starts", "SIGKILL / SIGTERM",
                       "restart s p50 / p95", "micro-steps redone per SIGKILL", "redone after SIGTERM",
                       "blocking s per save", "interval s", "final weights = uninterrupted", "damaged skipped"], rows)
@@ -287,20 +260,27 @@ def run(quick: bool = False, reps: int | None = None, epochs: int | None = None,
         seed: int = 0) -> dict[str, Any]:
     epochs = epochs or (1 if quick else 6)
     means = intervals or ([10.0] if quick else [15.0, 30.0, 60.0, 120.0])
-    ours = Ours(epochs)
-    mm, mm_note = minimind_side(mm_src, mm_python, ours)
-    with tempfile.TemporaryDirectory(prefix="bench-chaos-", dir=bc.cache_dir(), ignore_cleanup_errors=True) as tmp:
-        measured = measure(Path(tmp), epochs, means, mm, ours, not (no_sweep or quick), jobs, seed)
+    src, mm = mm_src or os.environ.get("MINIMIND_SRC"), None
+    if not src or not (Path(src) / "trainer" / "train_pretrain.py").is_file():
+        mm_note = "no MiniMind checkout (--minimind-src, $MINIMIND_SRC): its column is left out"
+    elif python := bc.python_with("transformers, datasets, torch", mm_python, os.environ.get("MINIMIND_PYTHON"),
+                                  sys.executable):
+        mm, mm_note = (Path(src), python), f"MiniMind from {bc.rel(src)}"
+    else:
+        mm_note = "no Python with transformers/datasets (--minimind-python): MiniMind's column is left out"
+    with bc.workdir("chaos") as tmp:
+        measured = measure(tmp, epochs, means, mm, not (no_sweep or quick), jobs, seed)
     table, sweep = render(measured)
     at30 = measured["by_mean"].get("30", {}).get("auto")
     verdict = (f"{mm_note}. {jobs} run(s) at once. Uninterrupted: ours {measured['baseline_s']['ours']:.1f} s"
                + (f", MiniMind {measured['baseline_s']['minimind']:.1f} s" if "minimind" in measured["baseline_s"]
                   else "") + (f"; goodput at a 30 s mean: **{at30['goodput']:.3f}** (target ≥ 0.8: "
-                              f"{'yes' if at30['goodput'] >= 0.8 else 'NO'})" if at30 else "") + ".")
+                              f"{bc.yes(at30['goodput'] >= 0.8)})" if at30 else "") + ".")
     return {"reps": 1, "epochs": epochs, "means_s": means, "seed": seed, "jobs": jobs, "kill_share": KILL_SHARE,
             "model": {"hidden_size": HIDDEN, "num_hidden_layers": LAYERS, "max_seq_len": SEQ, "batch_size": BATCH},
             **measured, "table": table, "sweep_table": sweep, "verdict": verdict}
 
 
 if __name__ == "__main__":
-    raise SystemExit(bc.bench_main(sys.modules[__name__]))
+    from benchmarks.run_all import main
+    raise SystemExit(main(alone=NAME))

@@ -18,9 +18,8 @@ import os
 import pstats
 import resource
 import statistics
-import sys
-import tempfile
 import time
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -78,11 +77,8 @@ class SaveCost(L.Callback):
     prints ``@@bench {"event": "savecost", ...}``."""
 
     def __init__(self, out: str) -> None:
-        self.out, self.checkpoint, self.times, self.rss = Path(out), None, {}, {}
-        self.step, self.before, self.profile, self.batch = [], None, None, 0
-
-    def add(self, key: str, value: float) -> None:
-        self.times.setdefault(key, []).append(value)
+        self.out, self.checkpoint, self.times, self.rss = Path(out), None, defaultdict(list), defaultdict(int)
+        self.step, self.before, self.profile, self.batch, self.profiles = [], None, None, 0, {}
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         self.checkpoint = checkpoint
@@ -92,17 +88,18 @@ class SaveCost(L.Callback):
         self.started = time.perf_counter()
 
     def ours(self, trainer: L.Trainer, record: bool) -> None:
+        """Our last save, once written: the loop's wait, the time until committed, the thread's CPU time around it."""
         if self.before is None:
             return
         trainer.strategy.checkpoint_io.wait()
         rss, usage = hwm() - self.before[0], thread_usage()
         os.sync()
-        blocked, written = trainer.checkpoint_callback.save_seconds
         if record:
-            for key, value in (("ours", blocked), ("ours_written", written), *(
-                    (k, b - a) for k, a, b in zip(("ours_user", "ours_sys", "ours_minflt"), self.before[1], usage))):
-                self.add(key, value)
-            self.rss["ours"] = max(self.rss.get("ours", 0), rss)
+            self.times["ours"].append(trainer.checkpoint_callback.save_seconds[0])
+            self.times["ours_written"].append(trainer.checkpoint_callback.save_seconds[1])
+            for key, a, b in zip(("ours_user", "ours_sys", "ours_minflt"), self.before[1], usage):
+                self.times[key].append(b - a)
+            self.rss["ours"] = max(self.rss["ours"], rss)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *_: Any) -> None:
         import torch
@@ -118,23 +115,20 @@ class SaveCost(L.Callback):
                         "step": self.batch, "world_size": 1, "wandb_id": None, "scaler": {}},
                        self.out / "minimind" / f"{stem}_resume.pth")
 
-        def bare() -> None:
-            torch.save(self.checkpoint, self.out / "bare" / f"{stem}.ckpt")
-
+        saves = {"minimind": minimind, "bare": lambda: torch.save(self.checkpoint, self.out / "bare" / f"{stem}.ckpt")}
         if self.batch >= 2:  # after ResumeCallback's first save: there is a checkpoint dict to write bare
-            for name in bc.alternating(["minimind", "bare"], self.batch):
-                fn = {"minimind": minimind, "bare": bare}[name]
+            for name in bc.alternating(list(saves), self.batch):
                 before, t = rss_reset(), time.perf_counter()
-                fn()
+                saves[name]()
                 seconds, rss = time.perf_counter() - t, hwm() - before
                 os.sync()
                 if self.batch >= 3:  # the first of each: a warm-up
-                    self.add(name, seconds)
-                    self.rss[name] = max(self.rss.get(name, 0), rss)
+                    self.times[name].append(seconds)
+                    self.rss[name] = max(self.rss[name], rss)
             if self.batch == trainer.max_steps and not trainer.checkpoint_callback.async_save:
                 prof, t = cProfile.Profile(), time.perf_counter()
                 prof.runcall(minimind)
-                self.minimind_profile = buckets(prof, time.perf_counter() - t)
+                self.profiles["minimind"] = buckets(prof, time.perf_counter() - t)
         self.before = (rss_reset(), thread_usage())
         if self.batch == trainer.max_steps:  # the last save: profiled
             self.profile = cProfile.Profile()
@@ -143,11 +137,10 @@ class SaveCost(L.Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.profile.disable()
         self.ours(trainer, record=False)
-        stall = trainer.checkpoint_callback.save_seconds[0]
+        self.profiles["ours"] = buckets(self.profile, trainer.checkpoint_callback.save_seconds[0])
         emit("savecost", times=self.times, rss=self.rss, params=int(pl_module.model.num_parameters()),
              snapshot_bytes=trainer.strategy.checkpoint_io.snapshot_bytes, step_s=statistics.median(self.step[1:]),
-             profile={"ours": buckets(self.profile, stall), **({"minimind": self.minimind_profile}
-                                                                if hasattr(self, "minimind_profile") else {})})
+             profile=self.profiles)
 
 
 def written_files(*directories: Path) -> dict[str, Any]:
@@ -170,84 +163,76 @@ def summarize_mode(raw: dict[str, Any]) -> dict[str, Any]:
     t = raw["times"]
     return {"save_s": bc.stats(t["ours"]), "save_and_write_s": bc.stats(t["ours_written"]),
             "bare_torch_save_s": bc.stats(t["bare"]), "minimind_save_s": bc.stats(t["minimind"]),
-            "stall_ratio": bc.stats([o / b for o, b in zip(t["ours"], t["bare"])]),
+            "stall_ratio": bc.ratios(t["ours"], t["bare"]),
+            "stall_ratio_vs_minimind": bc.ratios(t["ours"], t["minimind"]),
             # CPU time of the training thread around the save (system time: mostly page faults of fresh memory)
             "stall_cpu_user_s": bc.stats(t["ours_user"]), "stall_cpu_sys_s": bc.stats(t["ours_sys"]),
-            "stall_minor_faults": bc.stats(t["ours_minflt"]),
-            "stall_ratio_vs_minimind": bc.stats([o / m for o, m in zip(t["ours"], t["minimind"])]),
-            "bytes_ours": raw["bytes_ours"]["total"], "peak_extra_rss_bytes": raw["rss"]["ours"],
+            "stall_minor_faults": bc.stats(t["ours_minflt"]), "bytes_ours": raw["bytes_ours"]["total"],
+            "peak_extra_rss_bytes": raw["rss"]["ours"],
             "snapshot_bytes": raw["snapshot_bytes"]}  # held between saves (async), reused by the next one
 
 
 def measure(hidden: int, layers: int, reps: int, quick: bool, data: Path, tok: Path) -> dict[str, Any]:
     """Both save modes of one model, each in its own CLI run."""
     name, (batch, seq), raw = f"{hidden}x{layers}", (2, 32) if quick else (4, 256), {}
-    flags = {**bc.model_flags(hidden, layers, seq, batch), "trainer.max_steps": reps + 2, "resume.save_interval": 1,
-             "resume.keep_last": 1}
-    with tempfile.TemporaryDirectory(prefix="bench-ckpt-", dir=bc.cache_dir(), ignore_cleanup_errors=True) as tmp:
+    flags = {"trainer.max_steps": reps + 2, "resume.save_interval": 1, "resume.keep_last": 1}
+    with bc.workdir("ckpt") as tmp:
         for mode in ("sync", "async"):
             bc.say(f"  [{name}] {mode} saves: {reps + 2} batches, a save after each ...")
-            work = Path(tmp) / mode
+            work = tmp / mode
             for sub in ("minimind", "bare"):
                 (work / sub).mkdir(parents=True)
-            cmd = bc.fit_cmd(work, data, tok, {**flags, "resume.async_save": str(mode == "async").lower()},
+            cmd = bc.fit_cmd(work, data, tok, (hidden, layers, seq, batch),
+                             {**flags, "resume.async_save": str(mode == "async").lower()},
                              "--trainer.callbacks+=benchmarks.bench_checkpoint.SaveCost",
                              f"--trainer.callbacks.out={work}")
             if (got := bc.event(bc.launch(cmd, work), "savecost")) is None:
                 raise RuntimeError(f"the save probe reported nothing ({mode}, {name})")
-            raw[mode] = {**got, "step_batch": [batch, seq], "bytes_minimind": written_files(work / "minimind"),
+            raw[mode] = {**got, "bytes_minimind": written_files(work / "minimind"),
                          "bytes_ours": written_files(work / "checkpoints", work / "out"),
                          "bytes_bare": written_files(work / "bare")}
-    modes = {mode: summarize_mode(r) for mode, r in raw.items()}
-    head, ours, mm = modes["async"], raw["async"]["bytes_ours"], raw["async"]["bytes_minimind"]
+    ours, mm, step = raw["async"]["bytes_ours"], raw["async"]["bytes_minimind"], raw["async"]["step_s"]
     ckpt = sum(v for k, v in ours["files"].items() if k.endswith(".ckpt"))
-    step, save_s, size_ratio = raw["async"]["step_s"], head["save_s"]["median"], ours["total"] / mm["total"]
-    slowdown = save_s / (SAVE_INTERVAL * step)
+    modes = {mode: summarize_mode(r) for mode, r in raw.items()}
+    stall = modes["async"]["save_s"]["median"]  # the default save's
     return {
         "model": name, "hidden_size": hidden, "num_hidden_layers": layers, "params": raw["async"]["params"],
-        "save_mode": "async", "save_s": head["save_s"], "bare_torch_save_s": head["bare_torch_save_s"],
-        "async_stall_ratio": head["stall_ratio"], "minimind_save_s": head["minimind_save_s"],
-        "target_stall_ratio": TARGET_STALL_RATIO,
-        "target_stall_ratio_met": head["stall_ratio"]["median"] <= TARGET_STALL_RATIO,
-        "bytes_ours": ours["total"], "bytes_minimind": mm["total"], "bytes_ratio_vs_minimind": size_ratio,
-        "target_bytes_ratio": TARGET_BYTES_RATIO, "target_bytes_ratio_met": size_ratio <= TARGET_BYTES_RATIO,
+        "modes": modes, "bytes_ours": ours["total"], "bytes_minimind": mm["total"],
+        "bytes_ratio_vs_minimind": ours["total"] / mm["total"],
         "bytes": {"ours_files": ours["files"], "ours_hard_links": ours["hard_links"], "ours_data": ours["data"],
                   "ours_manifests": ours["manifests"], "ours_ckpt": ckpt, "ours_export": ours["data"] - ckpt,
                   "resume_is_hard_link_to_ckpt": any(a.endswith("_resume.pth") and b.endswith(".ckpt")
                                                      for a, b in ours["hard_links"]),
                   "minimind_files": mm["files"], "bare_ckpt": raw["async"]["bytes_bare"]["total"]},
-        "modes": modes, "step_s": step, "step_batch": raw["async"]["step_batch"],
-        "slowdown_at_save_interval_1000": slowdown, "target_slowdown": TARGET_SLOWDOWN,
-        "target_slowdown_met": slowdown <= TARGET_SLOWDOWN,
-        "break_even_step_s_for_1pct": save_s / (SAVE_INTERVAL * TARGET_SLOWDOWN), "rss_method": "VmHWM",
+        "step_s": step, "step_batch": [batch, seq], "slowdown_at_save_interval_1000": stall / (SAVE_INTERVAL * step),
+        "break_even_step_s_for_1pct": stall / (SAVE_INTERVAL * TARGET_SLOWDOWN),
         "peak_extra_rss_bytes": {"minimind": raw["sync"]["rss"]["minimind"], "bare": raw["sync"]["rss"]["bare"],
                                  **{f"ours_{m}": r["rss"]["ours"] for m, r in raw.items()}},
         "profile_s": {"minimind": raw["sync"]["profile"]["minimind"],
-                      **{f"ours_{m}": r["profile"]["ours"] for m, r in raw.items()}},
-    }
+                      **{f"ours_{m}": r["profile"]["ours"] for m, r in raw.items()}}}
 
 
 def render(results: list[dict[str, Any]]) -> tuple[str, str, str]:
     mib = lambda n: f"{n / 2**20:.0f}"
-    yes = lambda met: "yes" if met else "NO"
     rows, rows2 = [], []
     for r in results:
         m, rss, b = r["modes"], r["peak_extra_rss_bytes"], r["bytes"]
         rows.append([r["model"], f"{r['params'] / 1e6:.1f}M", f"{mib(r['bytes_ours'])} / {mib(r['bytes_minimind'])}",
-                     f"**{r['bytes_ratio_vs_minimind']:.2f}** (≤ {r['target_bytes_ratio']}: "
-                     f"{yes(r['target_bytes_ratio_met'])})", bc.spread(r["minimind_save_s"]),
-                     bc.spread(r["bare_torch_save_s"]), f"{bc.spread(m['sync']['save_s'])}, "
-                     f"×{m['sync']['stall_ratio']['median']:.2f}", f"{bc.spread(m['async']['save_s'])}, "
-                     f"**×{m['async']['stall_ratio']['median']:.2f}**",
+                     f"**{r['bytes_ratio_vs_minimind']:.2f}** (≤ {TARGET_BYTES_RATIO}: "
+                     f"{bc.yes(r['bytes_ratio_vs_minimind'] <= TARGET_BYTES_RATIO)})",
+                     bc.spread(m["async"]["minimind_save_s"]), bc.spread(m["async"]["bare_torch_save_s"]),
+                     f"{bc.spread(m['sync']['save_s'])}, ×{m['sync']['stall_ratio']['median']:.2f}",
+                     f"{bc.spread(m['async']['save_s'])}, **×{m['async']['stall_ratio']['median']:.2f}**",
                      " / ".join(mib(rss[k]) for k in ("minimind", "ours_sync", "ours_async"))])
         cpu = " / ".join(f"{m[k]['stall_cpu_user_s']['median']:.2f} + {m[k]['stall_cpu_sys_s']['median']:.2f}"
                          for k in ("sync", "async"))
+        slowdown = r["slowdown_at_save_interval_1000"]
         rows2.append([r["model"], f"{mib(b['ours_ckpt'])} + {mib(b['ours_export'])} (+{b['ours_manifests']} B "
                       "manifests)", mib(b["bare_ckpt"]), mib(m["async"]["snapshot_bytes"]),
                       f"×{m['sync']['stall_ratio_vs_minimind']['median']:.2f}",
                       f"{m['async']['save_and_write_s']['median']:.3f}", cpu,
                       f"{r['step_s']:.3f} ({r['step_batch'][0]}x{r['step_batch'][1]})",
-                      f"**{100 * r['slowdown_at_save_interval_1000']:.3f}%** ({yes(r['target_slowdown_met'])})",
+                      f"**{100 * slowdown:.3f}%** ({bc.yes(slowdown <= TARGET_SLOWDOWN)})",
                       f"{r['break_even_step_s_for_1pct']:.3f}"])
     main = bc.table(["model", "params", "MiB per save ours / MiniMind", "bytes ours ÷ MiniMind",
                      "MiniMind save s med (min–max)", "bare torch.save s", "ours sync: stall s, ÷ bare",
@@ -280,11 +265,11 @@ def run(quick: bool = False, reps: int | None = None) -> dict[str, Any]:
     results = [measure(h, n, reps, quick, data, tok) for h, n in (QUICK_SIZES if quick else FULL_SIZES)]
     main, detail, profile = render(results)
     rates = bc.byte_rates(8 if quick else 64)
-    return {"reps": reps, "disk_dir": bc.rel(bc.cache_dir()), "async_save_available": True, "results": results,
-            "table": main, "detail_table": detail, "rates_gb_per_s": rates,
-            "rates_verdict": "Per-byte work on this machine: "
+    return {"reps": reps, "disk_dir": bc.rel(bc.cache_dir()), "results": results, "table": main,
+            "detail_table": detail, "rates_gb_per_s": rates, "rates_verdict": "Per-byte work on this machine: "
             + ", ".join(f"{k} {v:.2f} GB/s" for k, v in rates.items()) + ".", "profile_table": profile}
 
 
 if __name__ == "__main__":
-    raise SystemExit(bc.bench_main(sys.modules[__name__]))
+    from benchmarks.run_all import main
+    raise SystemExit(main(alone=NAME))

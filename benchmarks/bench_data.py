@@ -155,8 +155,7 @@ def plot(p: dict[str, Any], path: Path) -> Path:
 def run(quick: bool = False, reps: int | None = None, records: int | None = None,
         mm_python: str | None = None) -> dict[str, Any]:
     records, reps = records or (QUICK_RECORDS if quick else FULL_RECORDS), reps or (1 if quick else 3)
-    check = lambda py: py and bc.launch([py, "-c", "import datasets"], Path.cwd(), check=False)["returncode"] == 0
-    mm = next((py for py in (mm_python, os.environ.get("MINIMIND_PYTHON"), sys.executable) if check(py)), None)
+    mm = bc.python_with("datasets", mm_python, os.environ.get("MINIMIND_PYTHON"), sys.executable)
     _, tokenizer = bc.default_data()
     bc.say(f"  {records:,} records; MiniMind's loader: {mm or 'skipped (no Python with `datasets`)'}")
     with tempfile.TemporaryDirectory(prefix="bench-data-") as tmp:
@@ -171,4 +170,5 @@ def run(quick: bool = False, reps: int | None = None, records: int | None = None
 
 
 if __name__ == "__main__":
-    raise SystemExit(bc.bench_main(sys.modules[__name__]))
+    from benchmarks.run_all import main
+    raise SystemExit(main(alone=NAME))

@@ -15,8 +15,6 @@ synchronized before it) and the timed window's excess per save. ``--quick``: a C
 from __future__ import annotations
 
 import re
-import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -114,15 +112,14 @@ def throughput_phase(spec: Spec, data: Path, tok: Path, reps: int, peak: float |
                    label="a: throughput", timeout=child_timeout)
     params, sides = runs["port"][0]["params"], {}
     for side, rs in runs.items():
-        tps = bc.stats([r["tokens_per_s"] for r in rs])
+        tps = bc.stats(rs, "tokens_per_s")
         sides[side] = {"tokens_per_s": tps, "ms_per_batch": 1000 * cfg.tokens_per_batch / tps["median"],
                        "mfu": 6 * params * tps["median"] / peak if peak else None,
                        "last_loss": [r["last_loss"] for r in rs], "deterministic": rs[0]["deterministic"],
                        "peak_memory_bytes": max(r["peak_memory_bytes"] or 0 for r in rs) or None}
-    ratio = lambda a, b: bc.stats([x["tokens_per_s"] / y["tokens_per_s"] for x, y in zip(runs[a], runs[b])])
     return {"config": asdict(cfg), "params": params, "device": runs["port"][0]["device"], "peak_bf16_flops": peak,
-            "sides": sides, "port_over_plain": ratio("port", "plain"),
-            "nondeterministic_over_default": ratio("port_nondeterministic", "port"),
+            "sides": sides, "port_over_plain": bc.ratios(runs["port"], runs["plain"], "tokens_per_s"),
+            "nondeterministic_over_default": bc.ratios(runs["port_nondeterministic"], runs["port"], "tokens_per_s"),
             "last_loss_diff_port_plain": max(abs(p["last_loss"] - q["last_loss"])
                                              for p, q in zip(runs["port"], runs["plain"]))}
 
@@ -132,51 +129,46 @@ def exactness_phase(spec: Spec, data: Path, tok: Path, work: Path) -> dict[str, 
 
     cfg, stem = spec.cfg, checkpoint_stem("pretrain", spec.cfg.hidden_size, False)
     (main_label, main), (fp16_label, fp16) = spec.precisions
-    flags = {**bc.model_flags(cfg.hidden_size, cfg.num_hidden_layers, cfg.max_seq_len, cfg.batch_size),
-             "model.learning_rate": cfg.learning_rate, "data.num_workers": cfg.num_workers,
+    flags = {"model.learning_rate": cfg.learning_rate, "data.num_workers": cfg.num_workers,
              "trainer.accelerator": cfg.accelerator, "trainer.max_steps": spec.resume_steps,
              "log_interval": spec.resume_log_interval, "resume.save_interval": spec.save_interval}
 
     def cli(name: str, precision: list[str], *extra: str, kill: bool = False) -> dict[str, Any]:
         probe = bc.probe(warmup=cfg.warmup_batches, sync_every=spec.save_interval, kill_after_commit=kill)
-        cmd = bc.fit_cmd(work / name, data, tok, flags, *precision, *extra, *probe)
+        cmd = bc.fit_cmd(work / name, data, tok, cfg.shape, flags, *precision, *extra, *probe)
         run = bc.launch(cmd, work / name, timeout=child_timeout(), check=not kill)
         if kill and not (bc.event(run, "committed") and run["returncode"] == -9):
             raise RuntimeError(f"the run was to kill itself after its first save (exit {run['returncode']}):\n"
                                + bc.tail(run["lines"], 20))
         return {**run, "dir": work / name, "lines": bc.console(run), "probe": bc.event(run, "end")}
 
-    def kill_and_resume(name: str, precision: list[str]) -> dict[str, Any]:
-        killed, resumed = cli(name, precision, kill=True), cli(name, precision, "--ckpt_path", "last")
+    def task(name: str) -> dict[str, Any]:
+        """One run; ``*_kill``: one killed after its first save, then resumed with ``--ckpt_path last``."""
+        precision = fp16 if name.startswith("fp16") else main
+        try:
+            if not name.endswith("_kill"):
+                return cli(name, precision, *(["--resume.async_save", "false"] if name == "main_sync_save" else []))
+            killed, resumed = cli(name, precision, kill=True), cli(name, precision, "--ckpt_path", "last")
+        except RuntimeError as err:  # a failed or timed-out child, the deadline included
+            return {"error": str(err).splitlines()[0][:500], "wall_s": 0.0}
         lines = dict(killed["lines"])  # steps trained again after the resume must print the same line
         for key, value in resumed["lines"].items():
             lines[key] = value if lines.get(key, value) == value else ["differs between the killed and the resumed run"]
         return {"dir": work / name, "killed": killed, "resumed": resumed, "lines": lines,
                 "wall_s": killed["wall_s"] + resumed["wall_s"]}
 
-    tasks = {  # the most important first: what the deadline cuts off is reported as not run
-        "main": lambda: cli("main", main), "main_again": lambda: cli("main_again", main),
-        "main_kill": lambda: kill_and_resume("main_kill", main), "fp16": lambda: cli("fp16", fp16),
-        "fp16_kill": lambda: kill_and_resume("fp16_kill", fp16),
-        "main_sync_save": lambda: cli("main_sync_save", main, "--resume.async_save", "false")}
-
-    def guarded(name: str) -> dict[str, Any]:
-        try:
-            return tasks[name]()
-        except RuntimeError as err:  # a failed or timed-out child, the deadline included
-            return {"error": str(err).splitlines()[0][:500], "wall_s": 0.0}
-
+    names = ["main", "main_again", "main_kill", "fp16", "fp16_kill", "main_sync_save"]  # what the deadline cuts: last
     with ThreadPoolExecutor(max_workers=spec.jobs) as pool:
-        done = dict(zip(tasks, pool.map(guarded, tasks)))
+        done = dict(zip(names, pool.map(task, names)))
     for name, r in done.items():
         bc.say(f"  [b-d: exactness, stall] {name}: "
                + (f"FAILED: {r['error']}" if "error" in r else f"done in {r['wall_s']:.0f} s"))
 
-    def compared(ref: str, other: str, resumed: bool = False) -> dict[str, Any]:
+    def compared(ref: str, other: str) -> dict[str, Any]:
         if errors := [f"{n}: {done[n]['error']}" for n in (ref, other) if "error" in done[n]]:
             return {"identical": False, "error": "; ".join(errors)}
         out = compare_runs(done[ref], done[other], stem)
-        if resumed:
+        if other.endswith("_kill"):
             k = done[other]
             m = re.search(r"_s(\d+)_g(\d+)", bc.event(k["killed"], "committed")["path"])
             steps = {run: [int(key.split(":")[1]) for key in k[run]["lines"]] for run in ("killed", "resumed")}
@@ -189,8 +181,7 @@ def exactness_phase(spec: Spec, data: Path, tok: Path, work: Path) -> dict[str, 
     export = work / "main" / "out" / f"{stem}.pth"
     ok = [n for n in ("main", "main_again", "main_sync_save") if "error" not in done[n]]
     return {"stem": stem, "steps": spec.resume_steps, "save_interval": spec.save_interval,
-            "resume": {main_label: compared("main", "main_kill", True),
-                       fp16_label: compared("fp16", "fp16_kill", True)},
+            "resume": {main_label: compared("main", "main_kill"), fp16_label: compared("fp16", "fp16_kill")},
             "determinism": {"two_uninterrupted_runs": compared("main", "main_again"),
                             "async_vs_sync_save": compared("main", "main_sync_save"),
                             "deterministic_flags": {k: done["main"]["probe"][k] for k in (
@@ -237,30 +228,29 @@ def render(payload: dict[str, Any]) -> str:
                 bc.table(["side", "tok/s med (min–max)", "ms / micro-batch", "MFU (6N)", "÷ plain", "peak GPU GiB"],
                          rows),
                 f"Δ last loss port vs plain {a['last_loss_diff_port_plain']:.1e}", ""]
-    if ex is not None:
-        checks = [(f"(b) kill + resume --ckpt_path last, {label}", r) for label, r in ex["resume"].items()]
-        checks += [("(c) two uninterrupted runs, default deterministic", ex["determinism"]["two_uninterrupted_runs"]),
-                   ("(c) async vs --resume.async_save false", ex["determinism"]["async_vs_sync_save"])]
-        rows = []
-        for text, r in checks:
-            killed = (f"SIGKILL after the save at step {r['killed_after_save_at_step']} (console at step "
-                      f"{r['killed_at_last_console_step']}); ") if "killed_after_save_at_step" in r else ""
-            detail = r.get("error", "")[:200] or (
-                f"{killed}export {yes(r['export_equal'])}, state_dict {yes(r['state_dict_equal'])}, optimizer "
-                f"{yes(r['optimizer_equal'])}, scaler {yes(r['scaler_equal'])}, {r['console_lines_compared']} console "
-                f"lines equal {yes(r['console_lines_equal'])}, max |Δ| {r['state_dict_max_abs_diff']}")
-            rows.append([text, yes(r["identical"]), detail])
-        out += [f"(b)/(c) bit-for-bit checks ({ex['steps']} steps, a save every {ex['save_interval']}):",
-                bc.table(["check", "identical", "detail"], rows), ""]
-        rows = [[mode, s["saves"], bc.spread(s["held_s"]), f"{s['window_excess_per_save_s']['median']:.3f}",
-                 f"{100 * s['slowdown_at_interval']:.2f} %"] for mode, s in (payload["save_stall"] or {}).items()]
-        if rows:
-            mib = lambda key: (ex["stall"][key] or 0) / 2**20
-            out += [f"(d) save stall at --resume.save_interval {ex['save_interval']} (checkpoint "
-                    f"{mib('checkpoint_bytes'):.0f} MiB + export {mib('export_bytes'):.0f} MiB; no-save step "
-                    f"{payload['base_ms_per_batch']:.1f} ms):",
-                    bc.table(["save", "saves timed", "loop held per save s med (min–max)", "window excess per save s",
-                              f"held ÷ {ex['save_interval']} steps"], rows)]
+    checks = [(f"(b) kill + resume --ckpt_path last, {label}", r) for label, r in ex["resume"].items()]
+    checks += [("(c) two uninterrupted runs, default deterministic", ex["determinism"]["two_uninterrupted_runs"]),
+               ("(c) async vs --resume.async_save false", ex["determinism"]["async_vs_sync_save"])]
+    rows = []
+    for text, r in checks:
+        killed = (f"SIGKILL after the save at step {r['killed_after_save_at_step']} (console at step "
+                  f"{r['killed_at_last_console_step']}); ") if "killed_after_save_at_step" in r else ""
+        detail = r.get("error", "")[:200] or (
+            f"{killed}export {yes(r['export_equal'])}, state_dict {yes(r['state_dict_equal'])}, optimizer "
+            f"{yes(r['optimizer_equal'])}, scaler {yes(r['scaler_equal'])}, {r['console_lines_compared']} console "
+            f"lines equal {yes(r['console_lines_equal'])}, max |Δ| {r['state_dict_max_abs_diff']}")
+        rows.append([text, yes(r["identical"]), detail])
+    out += [f"(b)/(c) bit-for-bit checks ({ex['steps']} steps, a save every {ex['save_interval']}):",
+            bc.table(["check", "identical", "detail"], rows), ""]
+    rows = [[mode, s["saves"], bc.spread(s["held_s"]), f"{s['window_excess_per_save_s']['median']:.3f}",
+             f"{100 * s['slowdown_at_interval']:.2f} %"] for mode, s in (payload["save_stall"] or {}).items()]
+    if rows:
+        mib = lambda key: (ex["stall"][key] or 0) / 2**20
+        out += [f"(d) save stall at --resume.save_interval {ex['save_interval']} (checkpoint "
+                f"{mib('checkpoint_bytes'):.0f} MiB + export {mib('export_bytes'):.0f} MiB; no-save step "
+                f"{payload['base_ms_per_batch']:.1f} ms):",
+                bc.table(["save", "saves timed", "loop held per save s med (min–max)", "window excess per save s",
+                          f"held ÷ {ex['save_interval']} steps"], rows)]
     return "\n".join(out)
 
 
@@ -278,20 +268,19 @@ def run(quick: bool = False, reps: int | None = None, peak_tflops: float | None 
     device = torch.cuda.get_device_name() if cuda and not quick else "CPU (--quick)"
     bc.say(f"  {spec.cfg.name} on {device}" + (" (--quick: CPU smoke test, not GPU results)" if quick else ""))
     a, errors = None, []
-    with tempfile.TemporaryDirectory(prefix="bench-gpu-", dir=bc.cache_dir(), ignore_cleanup_errors=True) as work:
+    with bc.workdir("gpu") as work:
         try:
             a = throughput_phase(spec, data, tok, reps, None if quick else peak_flops(device, peak_tflops))
         except (RuntimeError, AssertionError) as err:  # a failed or timed-out child: (b)-(d) still run
             errors.append(f"(a) throughput: {str(err).splitlines()[0][:500]}")
-        ex = exactness_phase(spec, data, tok, Path(work))
+        ex = exactness_phase(spec, data, tok, work)
     base = a["sides"]["port"]["ms_per_batch"] / 1000 if a is not None else None
     payload = {"results_file": "gpu_quick" if quick else "gpu", "gpu_results": not quick, "reps": reps,
-               "jobs": spec.jobs, "cuda": torch.version.cuda, "device": device, "data": bc.rel(data),
-               "tokenizer": bc.rel(tok), "spec": asdict(spec), "throughput": a, "exactness": ex,
+               "cuda": torch.version.cuda, "device": device, "data": bc.rel(data), "tokenizer": bc.rel(tok),
+               "spec": asdict(spec), "throughput": a, "exactness": ex,
                "base_ms_per_batch": 1000 * base if base else None,
                "save_stall": base and stall_summary(ex["stall"], base, spec.cfg.warmup_batches, spec.save_interval),
-               "wall_s": time.perf_counter() - start, "deadline_s": spec.deadline_s,
-               "child_timeout_s": spec.child_timeout_s, "errors": errors}
+               "wall_s": time.perf_counter() - start, "errors": errors}
     payload["all_identical"] = not errors and all(r["identical"] for r in ex["resume"].values()) and all(
         ex["determinism"][k]["identical"] for k in ("two_uninterrupted_runs", "async_vs_sync_save"))
     payload["exit_status"] = 0 if payload["all_identical"] else 1
@@ -302,4 +291,5 @@ def run(quick: bool = False, reps: int | None = None, peak_tflops: float | None 
 
 
 if __name__ == "__main__":
-    raise SystemExit(bc.bench_main(sys.modules[__name__]))
+    from benchmarks.run_all import main
+    raise SystemExit(main(alone=NAME))

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-import tempfile
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -51,6 +50,10 @@ class Config:
     def tokens_per_batch(self) -> int:
         return self.batch_size * self.max_seq_len
 
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return self.hidden_size, self.num_hidden_layers, self.max_seq_len, self.batch_size
+
 
 FULL_CONFIGS = [Config("tiny default 128x2", 128, 2, 128, 16, 1, 2e-3, 4, 24),  # conf/default.yaml's shape
                 Config("512x8 seq256", 512, 8, 256, 2, 2, 5e-4, 2, 10)]  # small on purpose for a CPU
@@ -68,24 +71,21 @@ def side_cmd(side: str, cfg: Config, data: Path, tok: Path, work: Path, stamps: 
     if side == "plain":
         return [sys.executable, "-m", "benchmarks.probes", json.dumps({
             **asdict(cfg), "batches": cfg.batches, "data": str(data), "tokenizer": str(tok), "stamps": stamps,
-            "data_batches": data_batches, "deterministic": True,
-            "device": "cuda" if cfg.accelerator == "gpu" else "cpu"})]
-    flags = {**bc.model_flags(cfg.hidden_size, cfg.num_hidden_layers, cfg.max_seq_len, cfg.batch_size),
-             "model.learning_rate": cfg.learning_rate, "data.num_workers": cfg.num_workers,
+            "data_batches": data_batches})]
+    flags = {"model.learning_rate": cfg.learning_rate, "data.num_workers": cfg.num_workers,
              "trainer.max_steps": cfg.batches // cfg.accumulate, "trainer.accumulate_grad_batches": cfg.accumulate,
              "trainer.accelerator": cfg.accelerator, "trainer.precision": cfg.precision,
              "log_interval": cfg.log_interval, **PORT[side]}
     probe = bc.probe(stamps=stamps, warmup=cfg.warmup_batches, data_batches=data_batches)
-    return bc.fit_cmd(work, data, tok, flags, *probe)
+    return bc.fit_cmd(work, data, tok, cfg.shape, flags, *probe)
 
 
 def one(side: str, cfg: Config, data: Path, tok: Path, stamps: bool = False, env: dict[str, str] | None = None,
         timeout: Any = None) -> dict[str, Any]:
     """One run of ``side``: its probe's end event plus tokens/s by wall clock and by CPU time, launch -> first batch
     (``timeout()``: the seconds it may take)."""
-    with tempfile.TemporaryDirectory(prefix="bench-overhead-", dir=bc.cache_dir()) as tmp:
-        cmd = side_cmd(side, cfg, data, tok, Path(tmp), stamps)
-        run = bc.launch(cmd, Path(tmp), env=env, timeout=timeout() if timeout else 900)
+    with bc.workdir("overhead") as work:
+        run = bc.launch(side_cmd(side, cfg, data, tok, work, stamps), work, env, timeout() if timeout else 900)
     end = bc.event(run, "end")
     assert end is not None and len(end["ends"]) == cfg.batches, (side, end and len(end["ends"]))
     first, last = end["ends"][cfg.warmup_batches - 1], end["ends"][cfg.batches - 1]
@@ -97,31 +97,18 @@ def one(side: str, cfg: Config, data: Path, tok: Path, stamps: bool = False, env
 def compare(cfg: Config, sides: list[str], data: Path, tok: Path, reps: int, warmup: bool = True, stamps: bool = False,
             env: dict[str, str] | None = None, label: str = "", timeout: Any = None) -> dict[str, list[dict[str, Any]]]:
     """``reps`` rotated repetitions of every side (after a warm-up run of each): each side's runs."""
-    label = label or cfg.name
-    if warmup:
-        bc.say(f"  [{label}] warm-up run of each side ...")
-        for side in sides:
-            one(side, cfg, data, tok, stamps, env, timeout)
-    runs: dict[str, list[dict[str, Any]]] = {s: [] for s in sides}
-    for rep in range(reps):
-        for side in bc.alternating(sides, rep):
-            runs[side].append(one(side, cfg, data, tok, stamps, env, timeout))
-        bc.say(f"  [{label}] rep {rep + 1}/{reps}: "
-               + ", ".join(f"{s} {runs[s][-1]['tokens_per_s']:,.0f} tok/s" for s in sides))
-    return runs
-
-
-def ratio(runs: dict[str, list[dict[str, Any]]], a: str, b: str, key: str = "tokens_per_s") -> dict[str, Any]:
-    """``a / b`` within each repetition."""
-    return bc.stats([x[key] / y[key] for x, y in zip(runs[a], runs[b])])
+    bc.say(f"  [{label or cfg.name}] {', '.join(sides)}" + (", after a warm-up run of each" if warmup else ""))
+    return bc.rotated(sides, reps, lambda side: one(side, cfg, data, tok, stamps, env, timeout),
+                      warmup=sides if warmup else (), note=lambda r: f"{r['tokens_per_s']:,.0f} tok/s")
 
 
 def versus(cfg: Config, runs: dict[str, list[dict[str, Any]]], base: str, other: str, key: str) -> dict[str, Any]:
     """``other`` against ``base``: each side's tokens/s, ``other / base`` by wall clock (``key``) and CPU time
     (``cpu_<key>``), the largest difference of their last losses."""
-    return {"config": asdict(cfg), "params": runs[base][0]["params"], key: ratio(runs, other, base),
-            f"cpu_{key}": ratio(runs, other, base, "cpu_tokens_per_s"),
-            **{f"{side}_tokens_per_s": bc.stats([x["tokens_per_s"] for x in runs[side]]) for side in (base, other)},
+    return {"config": asdict(cfg), "params": runs[base][0]["params"],
+            key: bc.ratios(runs[other], runs[base], "tokens_per_s"),
+            f"cpu_{key}": bc.ratios(runs[other], runs[base], "cpu_tokens_per_s"),
+            **{f"{side}_tokens_per_s": bc.stats(runs[side], "tokens_per_s") for side in (base, other)},
             "max_abs_last_loss_diff": max(abs(x["last_loss"] - y["last_loss"])
                                           for x, y in zip(runs[base], runs[other]))}
 
@@ -130,7 +117,7 @@ def measure(cfg: Config, data: Path, tok: Path, reps: int, quick: bool) -> dict[
     runs = compare(cfg, ["plain", "lightning"], data, tok, reps, warmup=not quick)
     r = {**versus(cfg, runs, "plain", "lightning", "ratio"), "target_ratio": TARGET_RATIO}
     for side in runs:
-        r[f"{side}_start_to_first_batch_s"] = bc.stats([x["start_to_first_batch_s"] for x in runs[side]])
+        r[f"{side}_start_to_first_batch_s"] = bc.stats(runs[side], "start_to_first_batch_s")
         r[f"{side}_ms_per_batch"] = 1000 * cfg.tokens_per_batch / r[f"{side}_tokens_per_s"]["median"]
     r["target_met"] = r["ratio"]["median"] >= TARGET_RATIO
     return r
@@ -138,37 +125,30 @@ def measure(cfg: Config, data: Path, tok: Path, reps: int, quick: bool) -> dict[
 
 def compile_measure(cfg: Config, data: Path, tok: Path, reps: int) -> dict[str, Any]:
     """Eager vs ``--model.compile true`` through the CLI, alternating; every run in one fresh inductor cache."""
-    with tempfile.TemporaryDirectory(prefix="bench-inductor-", dir=bc.cache_dir()) as inductor:
+    with bc.workdir("inductor") as inductor:
         bc.say(f"  [compile {cfg.name}] the first compiled run compiles (about a minute on a CPU) ...")
         runs = compare(cfg, ["lightning", "compiled"], data, tok, reps, warmup=False,
-                       env=bc.child_env(TORCHINDUCTOR_CACHE_DIR=inductor), label=f"compile {cfg.name}")
+                       env=bc.child_env(TORCHINDUCTOR_CACHE_DIR=str(inductor)), label=f"compile {cfg.name}")
     out = versus(cfg, {"eager": runs["lightning"], "compiled": runs["compiled"]}, "eager", "compiled", "speedup")
     start = [runs[side][0]["start_to_first_batch_s"] for side in ("compiled", "lightning")]
     return {**out, "compile_s_estimate": start[0] - start[1]}
 
 
-def phases(run: dict[str, Any], cfg: Config) -> dict[str, list[float]]:
-    """ms of every phase ``a -> b`` between consecutive stamps, per timed micro-batch."""
-    out: dict[str, list[float]] = {}
-    for i in range(max(cfg.warmup_batches, 1), cfg.batches):
-        seq = [run["marks"][i - 1][-1], *run["marks"][i]]
-        for (a, ta), (b, tb) in zip(seq, seq[1:]):
-            out.setdefault(f"{a} -> {b}", []).append(1000 * (tb - ta))
-    return out
-
-
 def attribution(cfg: Config, data: Path, tok: Path, reps: int, quick: bool) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Where a micro-batch goes on each side (medians over batches, then over runs), and every phase."""
+    """Where a micro-batch goes on each side (medians over batches, then over runs), and every phase ``a -> b``
+    between consecutive stamps (``loop_phases.json``)."""
     runs = compare(cfg, ["plain", "lightning"], data, tok, reps, warmup=not quick, stamps=True,
                    label=f"attribution {cfg.name}")
-    per_run: dict[str, list[dict[str, float]]] = {s: [] for s in runs}
-    phase_ms: dict[str, dict[str, list[float]]] = {s: {} for s in runs}
+    per_run: dict[str, list[dict[str, float]]] = {}
+    loop_phases: dict[str, Any] = {"config": asdict(cfg), "reps": reps}
     for side, side_runs in runs.items():
+        per_run[side], phase_ms = [], {}
         for run in side_runs:
-            for k, v in phases(run, cfg).items():
-                phase_ms[side].setdefault(k, []).extend(v)
             rows = []
             for i in range(cfg.warmup_batches, cfg.batches):
+                stamps = [run["marks"][i - 1][-1], *run["marks"][i]]  # from the end of the batch before
+                for (a, ta), (b, tb) in zip(stamps, stamps[1:]):
+                    phase_ms.setdefault(f"{a} -> {b}", []).append(1000 * (tb - ta))
                 t = dict(run["marks"][i])
                 parts = {part: 1000 * (t[f"{part}]"] - t[f"{part}["]) for part in SHARED}
                 batch = 1000 * (run["ends"][i][0] - run["ends"][i - 1][0])
@@ -177,45 +157,36 @@ def attribution(cfg: Config, data: Path, tok: Path, reps: int, quick: bool) -> t
             # the mean also counts what happens every log_interval only (the console's line, the logger's rows)
             per_run[side].append({**{k: statistics.median(r[k] for r in rows) for k in rows[0]},
                                   "loop (mean)": statistics.fmean(r["loop"] for r in rows)})
-    ms = {side: {k: bc.stats([r[k] for r in rs]) for k in rs[0]} for side, rs in per_run.items()}
-    diff = lambda key: bc.stats([lt[key] - p[key] for p, lt in zip(per_run["plain"], per_run["lightning"])])
-    loop_phases: dict[str, Any] = {"config": asdict(cfg), "reps": reps}
-    for side, got in phase_ms.items():
-        medians = {k: statistics.median(v) for k, v in got.items()}
+        medians = {k: statistics.median(v) for k, v in phase_ms.items()}
         shared = {k: medians.pop(k) for k in [f"{p}[ -> {p}]" for p in SHARED] if k in medians}
-        loop_phases[side] = {"phases_ms": medians, "shared_ms": shared, "data_ms": ms[side]["data"]["median"],
-                             "loop_ms": sum(medians.values()) - ms[side]["data"]["median"],
-                             "shared_total_ms": sum(shared.values())}
+        data_ms = statistics.median(r["data"] for r in per_run[side])
+        loop_phases[side] = {"phases_ms": medians, "shared_ms": shared, "data_ms": data_ms,
+                             "loop_ms": sum(medians.values()) - data_ms, "shared_total_ms": sum(shared.values())}
     loop_phases["lightning_minus_plain_loop_ms"] = loop_phases["lightning"]["loop_ms"] - loop_phases["plain"]["loop_ms"]
     loop_phases["table"] = render_phases(loop_phases)
+    diff = lambda key: bc.stats([lt[key] - p[key] for p, lt in zip(per_run["plain"], per_run["lightning"])])
+    ms = {side: {k: bc.stats(rs, k) for k in rs[0]} for side, rs in per_run.items()}
     return {"config": asdict(cfg), "ms_per_batch": ms, "lightning_minus_plain_loop_ms": diff("loop"),
             "lightning_minus_plain_loop_mean_ms": diff("loop (mean)")}, loop_phases
 
 
-def row(r: dict[str, Any], sides: tuple[str, str], key: str) -> list[str]:
-    """The columns a port-overhead and a compile table share (:func:`versus`' results)."""
-    cfg = r["config"]
-    shape = f"{cfg['batch_size']}x{cfg['max_seq_len']}, acc {cfg['accumulate']}"
-    return [cfg["name"], f"{r['params'] / 1e6:.1f}M", f"{shape}, {cfg['warmup_batches']}+{cfg['timed_batches']}",
-            *(bc.spread(r[f"{side}_tokens_per_s"], fmt=bc.fmt_num) for side in sides), f"**{bc.spread(r[key])}**",
-            bc.spread(r[f"cpu_{key}"])]
-
-
-HEAD = ["config", "params", "batch, accumulation, warm-up + timed micro-batches"]
-
-
-def render(results: list[dict[str, Any]]) -> str:
-    rows = [row(r, ("plain", "lightning"), "ratio") + [f"≥ {r['target_ratio']}: {'yes' if r['target_met'] else 'NO'}",
-                                                      f"{r['max_abs_last_loss_diff']:.1e}"] for r in results]
-    return bc.table([*HEAD, "plain tok/s med (min–max)", "port tok/s med (min–max)",
-                     "port ÷ plain med (min–max)", "CPU-time ratio", "target", "Δ last loss"], rows)
-
-
-def render_compile(c: dict[str, Any]) -> str:
-    rows = [row(c, ("eager", "compiled"), "speedup") + [f"{c['compile_s_estimate']:.0f}",
-                                                       f"{c['max_abs_last_loss_diff']:.1e}"]]
-    return bc.table([*HEAD, "eager tok/s med (min–max)", "--model.compile true tok/s med (min–max)",
-                     "compiled ÷ eager med (min–max)", "CPU-time ratio", "cold compile s", "Δ last loss"], rows)
+def render(results: list[dict[str, Any]], compiled: bool = False) -> str:
+    """The port-overhead table, or (``compiled``) the compile one: a row per result of :func:`versus`."""
+    sides, key = (("eager", "compiled"), "speedup") if compiled else (("plain", "lightning"), "ratio")
+    names = ("eager", "--model.compile true", "compiled ÷ eager") if compiled else ("plain", "port", "port ÷ plain")
+    rows = []
+    for r in results:
+        c = r["config"]
+        target = (f"{r['compile_s_estimate']:.0f}" if compiled
+                  else f"≥ {r['target_ratio']}: {bc.yes(r['target_met'])}")
+        shape = f"{c['batch_size']}x{c['max_seq_len']}, acc {c['accumulate']}"
+        rows.append([c["name"], f"{r['params'] / 1e6:.1f}M", f"{shape}, {c['warmup_batches']}+{c['timed_batches']}",
+                     *(bc.spread(r[f"{side}_tokens_per_s"], fmt=bc.fmt_num) for side in sides),
+                     f"**{bc.spread(r[key])}**", bc.spread(r[f"cpu_{key}"]), target,
+                     f"{r['max_abs_last_loss_diff']:.1e}"])
+    return bc.table(["config", "params", "batch, accumulation, warm-up + timed micro-batches",
+                     *(f"{n} tok/s med (min–max)" for n in names[:2]), f"{names[2]} med (min–max)",
+                     "CPU-time ratio", "cold compile s" if compiled else "target", "Δ last loss"], rows)
 
 
 def render_attribution(at: dict[str, Any]) -> str:
@@ -264,12 +235,12 @@ def run(quick: bool = False, reps: int | None = None, no_compile: bool = False) 
             "loop_overhead_target_met": met,
             "loop_overhead_verdict": f"The port's loop overhead: **{overhead:+.3f} ms** per micro-batch (by the mean "
                                      f"over batches, which also counts the work done once per `log_interval`: "
-                                     f"{mean:+.3f} ms); target ≤ {TARGET_LOOP_OVERHEAD_MS} ms: "
-                                     + ("yes." if met else "NO."),
+                                     f"{mean:+.3f} ms); target ≤ {TARGET_LOOP_OVERHEAD_MS} ms: {bc.yes(met)}.",
             "loop_phases_table": loop_phases["table"], "also_written": {"loop_phases": loop_phases},
             "compile": comp or {"skipped": "--quick" if quick else "--no-compile"},
-            "compile_table": render_compile(comp) if comp else ""}
+            "compile_table": render([comp], compiled=True) if comp else ""}
 
 
 if __name__ == "__main__":
-    raise SystemExit(bc.bench_main(sys.modules[__name__]))
+    from benchmarks.run_all import main
+    raise SystemExit(main(alone=NAME))

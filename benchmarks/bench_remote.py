@@ -13,7 +13,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -67,36 +66,37 @@ def upload_throughput(server: Server, megabytes: int, reps: int, workdir: Path) 
     manifest, size = read_manifest(path), path.stat().st_size
     os.environ.update(server.env)
     remote = RemoteDir(f"s3://{server.bucket}/throughput")
-    seconds: dict[str, list[float]] = {"bare": [], "ours": []}
-    for rep in range(reps + 1):  # the first: warm-up (connections, imports)
-        for variant in bc.alternating(["bare", "ours"], rep):
-            name, start = f"{variant}-{rep}.ckpt", time.perf_counter()
-            if variant == "bare":
-                remote.fs.put_file(str(path), remote.path(name))
-            else:
-                with open(path, "rb") as f:
-                    remote.upload(f, name, {**manifest, "file": name})
-            if rep:
-                seconds[variant].append(time.perf_counter() - start)
-            remote.remove(name)
+
+    def upload(variant: str) -> float:
+        name, start = f"{variant}.ckpt", time.perf_counter()
+        if variant == "bare":
+            remote.fs.put_file(str(path), remote.path(name))
+        else:
+            with open(path, "rb") as f:
+                remote.upload(f, name, {**manifest, "file": name})
+        seconds = time.perf_counter() - start
+        remote.remove(name)
+        return seconds
+
+    seconds = bc.rotated(["bare", "ours"], reps, upload, warmup=["bare", "ours"])  # warm-up: connections, imports
     return {"bytes": size, "mb_per_s": {v: bc.stats([size / s / 1e6 for s in seconds[v]]) for v in seconds},
-            "ours_over_bare": bc.stats([b / o for b, o in zip(seconds["bare"], seconds["ours"])])}  # throughput ratio
+            "ours_over_bare": bc.ratios(seconds["bare"], seconds["ours"])}  # a throughput ratio
 
 
 def loop_stall(server: Server, hidden: int, layers: int, batches: int, reps: int, workdir: Path) -> dict[str, Any]:
     data, tok = bc.default_data()
-    flags = {**bc.model_flags(hidden, layers, 64, 2), "trainer.max_steps": batches, "trainer.logger": "false",
-             "resume.save_interval": SAVE_EVERY}
-    stalls: dict[str, list[float]] = {"local": [], "remote": []}
-    for rep in range(reps):
-        for variant in bc.alternating(["local", "remote"], rep):
-            run_dir, url = workdir / f"{variant}-{rep}", f"s3://{server.bucket}/{variant}-{rep}"
-            dirs = {"resume.ckpt_dir": f"{url}/checkpoints", "resume.out_dir": f"{url}/out"}
-            cmd = bc.fit_cmd(run_dir, data, tok, {**flags, **(dirs if variant == "remote" else {})}, *bc.probe())
-            run = bc.launch(cmd, run_dir, env=bc.child_env(**server.env))
-            stalls[variant] += [s["s"] for s in bc.event(run, "end")["saves"][1:]]  # the first allocates the snapshot
-            shutil.rmtree(run_dir, ignore_errors=True)
-    summary = {v: bc.stats(stalls[v]) for v in stalls}
+    flags = {"trainer.max_steps": batches, "trainer.logger": "false", "resume.save_interval": SAVE_EVERY}
+
+    def stalls(variant: str) -> list[float]:
+        run_dir, url = workdir / variant, f"s3://{server.bucket}/{variant}-{time.monotonic_ns()}"
+        dirs = {"resume.ckpt_dir": f"{url}/checkpoints", "resume.out_dir": f"{url}/out"} if variant == "remote" else {}
+        cmd = bc.fit_cmd(run_dir, data, tok, (hidden, layers, 64, 2), {**flags, **dirs}, *bc.probe())
+        run = bc.launch(cmd, run_dir, env=bc.child_env(**server.env))
+        shutil.rmtree(run_dir, ignore_errors=True)
+        return [s["s"] for s in bc.event(run, "end")["saves"][1:]]  # the first allocates the snapshot
+
+    runs = bc.rotated(["local", "remote"], reps, stalls)
+    summary = {v: bc.stats([s for r in rs for s in r]) for v, rs in runs.items()}
     ratio = summary["remote"]["median"] / summary["local"]["median"]
     return {"hidden": hidden, "layers": layers, "saves_per_run": batches // SAVE_EVERY, "stall_s": summary,
             "remote_over_local": ratio, "target": TARGET_STALL_RATIO, "target_met": ratio <= TARGET_STALL_RATIO}
@@ -107,9 +107,9 @@ def run(quick: bool = False, reps: int | None = None) -> dict[str, Any]:
     megabytes, (hidden, layers), batches = (4, (64, 2), 8) if quick else (256, (256, 4), 24)
     server = Server()
     try:
-        with tempfile.TemporaryDirectory(dir=bc.cache_dir(), prefix="bench-remote-", ignore_cleanup_errors=True) as tmp:
-            upload = upload_throughput(server, megabytes, reps, Path(tmp))
-            stall = loop_stall(server, hidden, layers, batches, 1 if quick else reps, Path(tmp))
+        with bc.workdir("remote") as tmp:
+            upload = upload_throughput(server, megabytes, reps, tmp)
+            stall = loop_stall(server, hidden, layers, batches, 1 if quick else reps, tmp)
     finally:
         server.stop()
     m, s = upload["mb_per_s"], stall["stall_s"]
@@ -124,4 +124,5 @@ def run(quick: bool = False, reps: int | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    raise SystemExit(bc.bench_main(sys.modules[__name__]))
+    from benchmarks.run_all import main
+    raise SystemExit(main(alone=NAME))

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -99,26 +98,23 @@ def late_imports(run: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def measure(reps: int, data: Path, tok: Path, work: Path, hidden: int, layers: int) -> dict[str, list[Any]]:
-    flags = {**bc.model_flags(hidden, layers, MAX_SEQ_LEN, BATCH_SIZE), "log_interval": 1}
-    first = {**flags, "trainer.max_steps": TRAINED_STEPS, "resume.save_interval": TRAINED_STEPS}
-    bc.launch(bc.fit_cmd(work, data, tok, first), work)
-    cmd = bc.fit_cmd(work, data, tok, flags, "--ckpt_path", "last")  # killed before any save
+    shape, flags = (hidden, layers, MAX_SEQ_LEN, BATCH_SIZE), {"log_interval": 1}
+    bc.launch(bc.fit_cmd(work, data, tok, shape, {**flags, "trainer.max_steps": TRAINED_STEPS,
+                                                  "resume.save_interval": TRAINED_STEPS}), work)
+    cmd = bc.fit_cmd(work, data, tok, shape, flags, "--ckpt_path", "last")  # killed before any save
     isolated = [sys.executable, "-c", ISOLATED, str(work / "checkpoints"), str(data), str(tok), f"pretrain_{hidden}"]
-    runs: dict[str, list[Any]] = {k: [] for k in KINDS}
-    for rep in range(reps):
-        for kind in bc.alternating(KINDS, rep):
-            if kind.startswith("resume"):
-                r = resume_start(cmd, work, importtime=kind != "resume")
-            elif kind == "isolated parts":
-                r = json.loads(bc.launch(isolated, work)["lines"][-1][1])
-            else:
-                bare = bc.launch([sys.executable, "-X", "importtime", "-c", "import torch, lightning"], work)
-                done = next(t for t, line in bare["lines"] if (parse_importtime(line) or ())[1:] == ("lightning", 0))
-                r = {"imported": done, "exit": bare["wall_s"]}
-            runs[kind].append(r)
-        bc.say(f"  rep {rep + 1}/{reps}: {runs[KINDS[0]][-1]['events']['first_line']:.2f} s to the first optimizer "
-               f"step (-X importtime), {runs['resume'][-1]['events']['first_line']:.2f} s without")
-    return runs
+
+    def start(kind: str) -> dict[str, Any]:
+        if kind.startswith("resume"):
+            return resume_start(cmd, work, importtime=kind != "resume")
+        if kind == "isolated parts":
+            return json.loads(bc.launch(isolated, work)["lines"][-1][1])
+        bare = bc.launch([sys.executable, "-X", "importtime", "-c", "import torch, lightning"], work)
+        done = next(t for t, line in bare["lines"] if (parse_importtime(line) or ())[1:] == ("lightning", 0))
+        return {"imported": done, "exit": bare["wall_s"]}
+
+    note = lambda r: f"{r['events']['first_line']:.2f} s to the first optimizer step" if "events" in r else "done"
+    return bc.rotated(KINDS, reps, start, note=note)
 
 
 def breakdown(reps: int, size: str) -> dict[str, Any]:
@@ -128,17 +124,17 @@ def breakdown(reps: int, size: str) -> dict[str, Any]:
     if records:
         data = bc.synthetic_jsonl(records, 600, 1100)  # MiniMind's pretraining records, cached
     bc.say(f"  {size}: {bc.rel(data)}")
-    with tempfile.TemporaryDirectory(prefix="bench-restart-", dir=bc.cache_dir(), ignore_cleanup_errors=True) as tmp:
-        runs = measure(reps, data, tok, Path(tmp), hidden, layers)
+    with bc.workdir("restart") as tmp:
+        runs = measure(reps, data, tok, tmp, hidden, layers)
     traced, parts = runs[KINDS[0]], runs["isolated parts"]
     by_phase = [dict((label, hi - lo) for label, lo, hi in bounds(r)) for r in traced]
-    phases = {label: bc.stats([b[label] for b in by_phase]) for label, _ in PHASES}
-    parts = {k: bc.stats([r[k] for r in parts]) for k in parts[0]}
+    phases = {label: bc.stats(by_phase, label) for label, _ in PHASES}
+    parts = {k: bc.stats(parts, k) for k in parts[0]}
     lates = [late_imports(r) for r in traced]
     late = {label: {**lates[0][label], **{k: bc.stats([x[label][k] for x in lates])["median"]
                                           for k in ("seconds", "largest_s")}} for label, _ in PHASES[2:]}
     total, plain = (bc.stats([r["events"]["first_line"] for r in runs[k]]) for k in KINDS[:2])
-    bare, bare_exit = (bc.stats([r[k] for r in runs["import torch, lightning"]]) for k in ("imported", "exit"))
+    bare, bare_exit = (bc.stats(runs["import torch, lightning"], k) for k in ("imported", "exit"))
     top_imports = sorted(((bc.stats([r["packages"].get(n, 0) / 1e6 for r in traced])["median"], n)  # first imports
                           for n in traced[0]["packages"] if n != "lit_minimind"), reverse=True)[:8]
     cell = lambda s: bc.spread(s) if s["n"] > 1 else f"{s['median']:.3f}"
@@ -194,4 +190,5 @@ def plot(p: dict[str, Any], path: Path) -> Path:
 
 
 if __name__ == "__main__":
-    raise SystemExit(bc.bench_main(sys.modules[__name__]))
+    from benchmarks.run_all import main
+    raise SystemExit(main(alone=NAME))

@@ -10,7 +10,6 @@ rotate after a warm-up run; ``fresh``: no checkpoint. Target: the last ÷ the fi
 from __future__ import annotations
 
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -47,21 +46,23 @@ def make_checkpoint(directory: Path, step: int) -> Path:
                                   hidden_size=MODEL["hidden_size"], use_moe=False, epoch=0, step=step)[1]
 
 
-def run_once(data: Path, tok: Path, work: Path, step: int, ckpt: Path | None) -> dict[str, Any]:
-    flags = {**bc.model_flags(*MODEL.values(), MAX_SEQ_LEN, BATCH_SIZE), "trainer.max_steps": step + 2,
-             "log_interval": 1}
-    cmd = bc.fit_cmd(work, data, tok, flags, *bc.probe(count_reads=True), *(["--ckpt_path", str(ckpt)] if ckpt else []))
+def run_once(data: Path, tok: Path, work: Path, step: int, ckpt: Path | None, iters: int) -> dict[str, Any]:
+    flags = {"trainer.max_steps": step + 2, "log_interval": 1}
+    cmd = bc.fit_cmd(work, data, tok, (*MODEL.values(), MAX_SEQ_LEN, BATCH_SIZE), flags, *bc.probe(count_reads=True),
+                     *(["--ckpt_path", str(ckpt)] if ckpt else []))
     run = bc.launch(cmd, work, until=bc.CONSOLE_LINE_RE.search)  # printed after the probe's batch_end
     if not run["stopped"]:
         raise RuntimeError("the CLI printed no console line:\n" + bc.tail(run["lines"]))
     total, line = run["lines"][-1]  # the console line it was stopped at
     m, start, phases = bc.CONSOLE_LINE_RE.search(line), 0.0, {}
+    if (int(m[3]), int(m[4])) != (step + 1, iters):
+        raise RuntimeError(f"resuming at step {step}: the first line is step {m[3]}/{m[4]}")
     for label, name in PHASES:
         at = bc.event(run, name)["t"]
         phases[label], start = at - start, at
     phases["first step"] += total - start  # to the console line
     return {"total_s": total, "cpu_s": run["cpu_s"], "phases": phases, "samples": bc.event(run, "batch_start")["reads"],
-            "epoch": int(m[1]), "step": int(m[3]), "iters": int(m[4])}
+            "step": int(m[3])}
 
 
 def run(quick: bool = False, reps: int | None = None) -> dict[str, Any]:
@@ -71,30 +72,19 @@ def run(quick: bool = False, reps: int | None = None) -> dict[str, Any]:
     _, tok = bc.default_data()
     data = bc.synthetic_jsonl(spec["lines"], 40, 110)
     iters = -(-spec["lines"] // BATCH_SIZE)
-    runs: dict[Any, list[dict[str, Any]]] = {p: [] for p in positions}
-    with tempfile.TemporaryDirectory(prefix="bench-resume-", dir=bc.cache_dir(), ignore_cleanup_errors=True) as tmp:
-        work = Path(tmp)
+    with bc.workdir("resume") as work:
         ckpts = {p: make_checkpoint(work / f"ckpt_{p}", step[p]) if p != "fresh" else None for p in positions}
         bc.launch([sys.executable, "-c", INDEX, str(data), str(tok)], work)
-        if spec["warmup"]:
-            bc.say("  warm-up run (page cache, first imports) ...")
-            run_once(data, tok, work, step[positions[-1]], ckpts[positions[-1]])
-        for rep in range(reps):
-            for p in bc.alternating(positions, rep):
-                r = run_once(data, tok, work, step[p], ckpts[p])
-                if (r["step"], r["iters"]) != (step[p] + 1, iters):
-                    raise RuntimeError(f"position {p}: the first line is step {r['step']}/{r['iters']}")
-                runs[p].append(r)
-                bc.say(f"  rep {rep + 1}/{reps} position {p}: {r['total_s']:.2f}s to batch {r['step']}/{r['iters']}, "
-                       f"{r['samples']} samples read")
+        runs = bc.rotated(positions, reps, lambda p: run_once(data, tok, work, step[p], ckpts[p], iters),
+                          warmup=positions[-1:] if spec["warmup"] else (),  # the page cache, first imports
+                          note=lambda r: f"{r['total_s']:.2f} s to step {r['step']}, {r['samples']} samples read")
     numeric = [p for p in positions if p != "fresh"]
     first, last = numeric[0], numeric[-1]
     results, rows = [], []
     for p in positions:
-        total, cpu = bc.stats([r["total_s"] for r in runs[p]]), bc.stats([r["cpu_s"] for r in runs[p]])
+        total, cpu = bc.stats(runs[p], "total_s"), bc.stats(runs[p], "cpu_s")
         phases = {k: bc.stats([r["phases"][k] for r in runs[p]])["median"] for k in runs[p][0]["phases"]}
-        vs = bc.stats([b["total_s"] / a["total_s"] for a, b in zip(runs[first], runs[p])])  # within a repetition
-        cpu_vs = bc.stats([b["cpu_s"] / a["cpu_s"] for a, b in zip(runs[first], runs[p])])
+        vs, cpu_vs = bc.ratios(runs[p], runs[first], "total_s"), bc.ratios(runs[p], runs[first], "cpu_s")
         samples = max(r["samples"] for r in runs[p])
         results.append({"position": p, "first_step": runs[p][0]["step"], "iters": iters, "total_s": total, "cpu_s": cpu,
                         "samples_read_before_first_batch": samples, "phases_median_s": phases,
@@ -102,14 +92,13 @@ def run(quick: bool = False, reps: int | None = None) -> dict[str, Any]:
         rows.append([p if p == "fresh" else f"{p:,}", f"{runs[p][0]['step']:,}/{iters:,}", samples, bc.spread(total, 2),
                      *(f"{v:.2f}" for v in phases.values()), f"{cpu['median']:.2f}", bc.spread(vs),
                      f"{cpu_vs['median']:.3f}"])
-    ratio, cpu_ratio = (results[positions.index(last)][k] for k in ("ratio_vs_first", "cpu_ratio_vs_first"))
+    ratio, cpu_ratio = results[-1]["ratio_vs_first"], results[-1]["cpu_ratio_vs_first"]
     text = bc.table(["resume at step", "first batch", "samples read", "launch→1st batch s med (min–max)",
                      *[k for k, _ in PHASES], "CPU s med", f"÷ step {first} med (min–max)", f"CPU ÷ step {first}"],
                     rows)
     verdict = (f"Step {last:,} / step {first}, launch → first trained batch: **{ratio['median']:.3f}** (median of "
                f"per-repetition ratios, min {ratio['min']:.3f}, max {ratio['max']:.3f}); target ≤ {TARGET_RATIO}: "
-               f"{'yes' if ratio['median'] <= TARGET_RATIO else 'NO'}. CPU time of the process: "
-               f"{bc.spread(cpu_ratio)}.")
+               f"{bc.yes(ratio['median'] <= TARGET_RATIO)}. CPU time of the process: {bc.spread(cpu_ratio)}.")
     return {"reps": reps, "lines": spec["lines"], "data": bc.rel(data), "data_bytes": data.stat().st_size,
             "batch_size": BATCH_SIZE, "max_seq_len": MAX_SEQ_LEN, "model": MODEL, "results": results,
             "ratio_last_vs_first": ratio, "cpu_ratio_last_vs_first": cpu_ratio, "target_ratio": TARGET_RATIO,
@@ -126,4 +115,5 @@ def plot(p: dict[str, Any], path: Path) -> Path:
 
 
 if __name__ == "__main__":
-    raise SystemExit(bc.bench_main(sys.modules[__name__]))
+    from benchmarks.run_all import main
+    raise SystemExit(main(alone=NAME))

@@ -11,8 +11,6 @@ time within a repetition; ``cold``: after ``posix_fadvise(DONTNEED)``. Also: the
 from __future__ import annotations
 
 import os
-import sys
-import tempfile
 import timeit
 import zipfile
 import zlib
@@ -20,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import common as bc
+from lit_minimind.checkpoint.verify import CHUNK_SIZE, verify_file
 
 NAME = "verify"
 BASELINE, OURS = "readinto + zlib.crc32", "verify_file"
@@ -68,14 +67,8 @@ def testzip(path: Path) -> None:
             raise RuntimeError(f"zipfile.testzip: {bad} is corrupted")
 
 
-def verify(path: Path) -> None:
-    from lit_minimind.checkpoint.verify import verify_file
-
-    verify_file(path)
-
-
 VARIANTS = {"read only": lambda p: readinto_crc32(p, crc=False), BASELINE: readinto_crc32,
-            "read + zlib.crc32": read_crc32, "zipfile.testzip": testzip, OURS: verify}
+            "read + zlib.crc32": read_crc32, "zipfile.testzip": testzip, OURS: verify_file}
 CACHES = {"hot": list(VARIANTS), "cold": ["read only", BASELINE, "read + zlib.crc32", OURS]}
 
 
@@ -91,28 +84,24 @@ def bytes_read(path: Path) -> int | None:
         return None
     rchar = lambda: next(int(line.split()[1]) for line in open("/proc/self/io") if line.startswith("rchar:"))
     before = rchar()
-    verify(path)
+    verify_file(path)
     return rchar() - before
 
 
 def measure(path: Path, size: int, reps: int) -> dict[str, Any]:
-    runs = {cache: {k: [] for k in names} for cache, names in CACHES.items()}
-    ratios = {cache: {k: [] for k in names} for cache, names in CACHES.items()}
     for fn in VARIANTS.values():  # warm-up, and the file in the page cache
         fn(path)
-    for rep in range(reps):
-        for cache, names in CACHES.items():
-            seconds = {}
-            for name in bc.alternating(names, rep):
-                if cache == "cold":
-                    drop_cache(path)
-                seconds[name] = timeit.timeit(lambda: VARIANTS[name](path), number=1)
-                runs[cache][name].append(seconds[name])
-            for name in names:  # > 1: faster than the baseline, within this repetition
-                ratios[cache][name].append(seconds[BASELINE] / seconds[name])
-    results = {cache: {name: {"s": bc.stats(v), "gb_per_s": bc.stats([size / s / 1e9 for s in v]),
-                              "speed_vs_baseline": bc.stats(ratios[cache][name])} for name, v in by_name.items()}
-               for cache, by_name in runs.items()}
+    results = {}
+    for cache, names in CACHES.items():
+
+        def timed(name: str) -> float:
+            if cache == "cold":
+                drop_cache(path)
+            return timeit.timeit(lambda: VARIANTS[name](path), number=1)
+
+        runs = bc.rotated(names, reps, timed)  # speed > 1: faster than the baseline, within a repetition
+        results[cache] = {name: {"s": bc.stats(v), "gb_per_s": bc.stats([size / s / 1e9 for s in v]),
+                                 "speed_vs_baseline": bc.ratios(runs[BASELINE], v)} for name, v in runs.items()}
     return {"results": results, "baseline": BASELINE,
             "speed_ratio_verify_vs_baseline": {c: results[c][OURS]["speed_vs_baseline"] for c in results}}
 
@@ -135,11 +124,9 @@ def plot(p: dict[str, Any], path: Path) -> Path:
 
 
 def run(quick: bool = False, reps: int | None = None) -> dict[str, Any]:
-    from lit_minimind.checkpoint.verify import CHUNK_SIZE
-
     reps = reps or (2 if quick else 5)
-    with tempfile.TemporaryDirectory(prefix="bench-verify-", dir=bc.cache_dir()) as tmp:
-        path = Path(tmp) / "resume.pth"
+    with bc.workdir("verify") as tmp:
+        path = tmp / "resume.pth"
         shape = write_checkpoint(path, 8 if quick else 500)
         measured, read = measure(path, shape["bytes"], reps), bytes_read(path)
     crc = {k: v for k, v in bc.byte_rates(8 if quick else 64).items() if k.startswith("crc32")}
@@ -153,4 +140,5 @@ def run(quick: bool = False, reps: int | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    raise SystemExit(bc.bench_main(sys.modules[__name__]))
+    from benchmarks.run_all import main
+    raise SystemExit(main(alone=NAME))

@@ -1,12 +1,10 @@
-"""What the benchmarks share: paths, statistics, tables, plots, the one subprocess runner (:func:`launch`) and the one
-command line (:func:`bench_main`). A benchmark module defines ``NAME``, a docstring (first line: its title; the rest:
-what it measures, the intro of its section in ``summary.md``), ``run(quick, reps, **ARGS) -> payload`` (tables under
-keys ending in ``table``/``verdict``) and optionally ``plot(payload, path)``; :func:`execute` runs it, prints its
-tables and writes ``results/<NAME>.json`` (+ ``.png``)."""
+"""What the benchmarks share: paths, generated inputs, statistics, tables, plots and the one subprocess runner
+(:func:`launch`). A benchmark module defines ``NAME``, a docstring (first line: its title; the rest: what it measures,
+the intro of its section in ``summary.md``), ``run(quick, reps, **ARGS) -> payload`` (tables under keys ending in
+``table``/``verdict``) and optionally ``plot(payload, path)``; :func:`benchmarks.run_all.main` runs it."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import datetime as _dt
 import importlib
@@ -19,14 +17,14 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-from lit_minimind.checkpoint.atomic import atomic_open, atomic_write_bytes
+from lit_minimind.checkpoint.atomic import atomic_open
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -47,6 +45,13 @@ def cache_dir() -> Path:
     path = Path(env).expanduser() if env else ROOT / ".cache"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@contextlib.contextmanager
+def workdir(name: str) -> Iterator[Path]:
+    """A temporary directory ``bench-<name>-*`` in the cache, removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix=f"bench-{name}-", dir=cache_dir(), ignore_cleanup_errors=True) as tmp:
+        yield Path(tmp)
 
 
 def rel(path: Path | str) -> str:
@@ -84,10 +89,44 @@ def synthetic_jsonl(records: int, min_chars: int, max_chars: int, seed: int = 12
     return path
 
 
-def stats(values: Sequence[float]) -> dict[str, Any]:
-    """min / median / max (and the raw values, in measurement order)."""
-    vals = [float(v) for v in values]
+def stats(values: Sequence[Any], key: str | None = None) -> dict[str, Any]:
+    """min / median / max (and the raw values, in measurement order) of ``values``, or of their ``key``."""
+    vals = [float(v[key] if key else v) for v in values]
     return {"min": min(vals), "median": statistics.median(vals), "max": max(vals), "n": len(vals), "values": vals}
+
+
+def ratios(tops: Sequence[Any], bottoms: Sequence[Any], key: str | None = None) -> dict[str, Any]:
+    """:func:`stats` of ``top / bottom`` within each repetition (of their ``key`` where given)."""
+    return stats([(a[key] / b[key]) if key else a / b for a, b in zip(tops, bottoms)])
+
+
+def alternating(items: Sequence[Any], rep: int) -> list[Any]:
+    """``items`` rotated by ``rep``: every item runs first, last and in between equally often (load drift cancels)."""
+    k = rep % len(items)
+    return list(items[k:]) + list(items[:k])
+
+
+def rotated(variants: Sequence[Any], reps: int, measure: Callable[[Any], Any], warmup: Sequence[Any] = (),
+            note: Callable[[Any], str] | None = None) -> dict[Any, list[Any]]:
+    """``measure(variant)`` of every variant ``reps`` times, in :func:`alternating` order, after an unrecorded call of
+    each in ``warmup``: each variant's results in repetition order (``note(result)``: a progress line)."""
+    for variant in warmup:
+        measure(variant)
+    runs: dict[Any, list[Any]] = {v: [] for v in variants}
+    for rep in range(reps):
+        for variant in alternating(variants, rep):
+            runs[variant].append(result := measure(variant))
+            if note:
+                say(f"  rep {rep + 1}/{reps} {variant}: {note(result)}")
+    return runs
+
+
+def python_with(modules: str, *candidates: str | None) -> str | None:
+    """The first of ``candidates`` (Python executables; None skipped) that can ``import modules``."""
+    for python in filter(None, candidates):
+        if subprocess.run([python, "-c", f"import {modules}"], capture_output=True).returncode == 0:
+            return python
+    return None
 
 
 def byte_rates(mib: int) -> dict[str, float]:
@@ -117,10 +156,8 @@ def spread(s: dict[str, Any], digits: int = 3, fmt: Callable[[float], str] | Non
     return f"{f(s['median'])} ({f(s['min'])}–{f(s['max'])})"
 
 
-def alternating(items: Sequence[Any], rep: int) -> list[Any]:
-    """``items`` rotated by ``rep``: every item runs first, last and in between equally often (load drift cancels)."""
-    k = rep % len(items)
-    return list(items[k:]) + list(items[:k])
+def yes(met: bool) -> str:
+    return "yes" if met else "NO"
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -140,10 +177,6 @@ def environment() -> dict[str, Any]:
             "python": platform.python_version(), "torch": torch.__version__, "lightning": lightning.__version__,
             "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
             "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "loadavg_at_start": os.getloadavg()}
-
-
-def write_json(path: Path, payload: dict[str, Any]) -> Path:
-    return atomic_write_bytes(json.dumps(payload, indent=1, default=str) + "\n", path)
 
 
 def chart(path: Path, *panels: tuple, width: float = 10) -> Path:
@@ -207,21 +240,18 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def fit_cmd(work: Path, data: Path, tok: Path, flags: dict[str, Any], *extra: str) -> list[str]:
-    """``python -m lit_minimind.fit`` training in ``work`` on ``data``: quiet, CPU, no save, then ``flags``
-    (``{"model.hidden_size": 64}`` -> ``--model.hidden_size 64``) and ``extra`` (``--trainer.callbacks+=...``)."""
+def fit_cmd(work: Path, data: Path, tok: Path, shape: Sequence[int], flags: dict[str, Any], *extra: str) -> list[str]:
+    """``python -m lit_minimind.fit`` training in ``work`` on ``data``: quiet, CPU, no save, the model and batch
+    ``shape`` (hidden size, layers, sequence length, batch size), then ``flags`` (``{"log_interval": 1}`` ->
+    ``--log_interval 1``) and ``extra`` (``--trainer.callbacks+=...``)."""
     base: dict[str, Any] = {
         "data.data_path": data, "data.tokenizer_path": tok, "trainer.accelerator": "cpu", "trainer.devices": 1,
         "trainer.max_epochs": 1, "trainer.enable_progress_bar": "false", "trainer.enable_model_summary": "false",
         "trainer.default_root_dir": work, "log_interval": 1000, "resume.save_interval": 10**9,
-        "resume.out_dir": work / "out", "resume.ckpt_dir": work / "checkpoints", **flags}
+        "resume.out_dir": work / "out", "resume.ckpt_dir": work / "checkpoints",
+        **dict(zip(("model.hidden_size", "model.num_hidden_layers", "data.max_seq_len", "data.batch_size"), shape)),
+        **flags}
     return [sys.executable, "-m", "lit_minimind.fit", *(a for k, v in base.items() for a in (f"--{k}", str(v))), *extra]
-
-
-def model_flags(hidden: int, layers: int, seq: int, batch: int) -> dict[str, Any]:
-    """The CLI flags of a model and data shape."""
-    return {"model.hidden_size": hidden, "model.num_hidden_layers": layers, "data.max_seq_len": seq,
-            "data.batch_size": batch}
 
 
 def probe(**init_args: Any) -> list[str]:
@@ -229,11 +259,6 @@ def probe(**init_args: Any) -> list[str]:
     fmt = lambda v: str(v).lower() if isinstance(v, bool) else str(v)
     return ["--trainer.callbacks+=benchmarks.probes.Probe",
             *(f"--trainer.callbacks.{k}={fmt(v)}" for k, v in init_args.items())]
-
-
-def kill_group(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)
 
 
 def launch(cmd: Sequence[str], work: Path, env: dict[str, str] | None = None, timeout: float = 900, until: Any = None,
@@ -244,19 +269,15 @@ def launch(cmd: Sequence[str], work: Path, env: dict[str, str] | None = None, ti
     (``stopped``). ``signal_at=(seconds, signum)``: that signal to the process group then, if it still runs
     (``signalled_s``: when). CPU time from ``wait4``."""
     work.mkdir(parents=True, exist_ok=True)
-    start, arrived = time.monotonic(), queue.SimpleQueue()
+    start, arrived, signalled = time.monotonic(), queue.SimpleQueue(), []
     proc = subprocess.Popen(list(cmd), cwd=work, env=env or child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
-    signalled: list[float] = []
 
-    def deliver(signum: int) -> None:
+    def deliver(signum: int, record: bool = True) -> None:
         with contextlib.suppress(ProcessLookupError):  # no poll(): it could reap the child before wait4 below
             os.killpg(proc.pid, signum)
-            signalled.append(time.monotonic() - start)
-
-    signaller = threading.Timer(max(0.0, signal_at[0]), deliver, (signal_at[1],)) if signal_at else None
-    if signaller:
-        signaller.start()
+            if record:
+                signalled.append(time.monotonic() - start)
 
     def pump(stream: Any) -> None:
         for raw in stream:
@@ -265,8 +286,11 @@ def launch(cmd: Sequence[str], work: Path, env: dict[str, str] | None = None, ti
 
     for stream in (proc.stdout, proc.stderr):
         threading.Thread(target=pump, args=(stream,), daemon=True).start()
-    timer = threading.Timer(timeout, kill_group, (proc.pid,))
-    timer.start()
+    timers = [threading.Timer(timeout, deliver, (signal.SIGKILL, False))]
+    if signal_at:
+        timers.append(threading.Timer(max(0.0, signal_at[0]), deliver, (signal_at[1],)))
+    for timer in timers:
+        timer.start()
     events, lines, stopped, open_pipes = [], [], False, 2
     try:
         while open_pipes and not stopped:
@@ -277,13 +301,12 @@ def launch(cmd: Sequence[str], work: Path, env: dict[str, str] | None = None, ti
                 events.append({**event, "t": event["t"] - start})
             else:
                 lines.append(item)
-            stopped = item is not None and until is not None and bool(until(item[1]))
+                stopped = until is not None and bool(until(item[1]))
     finally:
-        timer.cancel()
-        if signaller:
-            signaller.cancel()
+        for timer in timers:
+            timer.cancel()
         if stopped:
-            kill_group(proc.pid)
+            deliver(signal.SIGKILL, record=False)
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
     wall = time.monotonic() - start
@@ -307,47 +330,3 @@ def console(run: dict[str, Any]) -> dict[str, list[str]]:
     """The run's MiniMind console lines: ``"epoch:step" -> [loss, logits_loss, aux_loss, lr]``."""
     found = (CONSOLE_LINE_RE.search(line) for _, line in run["lines"])
     return {f"{m[1]}:{m[3]}": [m[5], m[6], m[7], m[8]] for m in found if m}
-
-
-# --------------------------------------------------------------------------- one command line for every benchmark
-
-
-def execute(module: ModuleType, results_dir: Path = RESULTS_DIR, quick: bool = False, reps: int | None = None,
-            threads: int | None = None, **extra: Any) -> dict[str, Any]:
-    """Run one benchmark module, print its tables, write ``<NAME>.json`` (and its plot) under ``results_dir``."""
-    threads = set_threads(threads)
-    env = environment()
-    size = "--quick: toy size" if quick else "full size"
-    say(f"== {module.__doc__.splitlines()[0].rstrip('.')} ({size}, {threads} torch thread(s)) ==")
-    payload = {"benchmark": module.NAME, "quick": quick, "threads": threads, "environment": env,
-               **module.run(quick=quick, reps=reps, **extra)}
-    for value in tables(payload):
-        say(value)
-    write_json(results_dir / f"{payload.get('results_file', module.NAME)}.json", payload)
-    for name, part in payload.get("also_written", {}).items():  # a second results file from the same runs
-        write_json(results_dir / f"{name}.json", {"benchmark": name, "quick": quick, "environment": env, **part})
-    if hasattr(module, "plot"):
-        module.plot(payload, results_dir / f"{module.NAME}.png")
-    return payload
-
-
-def tables(payload: dict[str, Any]) -> list[str]:
-    """The tables and verdicts of a payload, in its order (what a run prints and its ``summary.md`` section shows)."""
-    return [value for key, value in payload.items() if key.endswith(("table", "verdict")) and value]
-
-
-def bench_main(module: ModuleType, argv: list[str] | None = None) -> int:
-    """``python -m benchmarks.<name> [--quick] [--reps N] [--results-dir DIR] [--threads N] [the module's ARGS]``."""
-    parser = argparse.ArgumentParser(description=module.__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="toy size (smoke test; numbers mean nothing)")
-    parser.add_argument("--reps", type=int, default=None, help="repetitions (each benchmark has its default)")
-    parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads per process (default 1)")
-    for flags, kwargs in getattr(module, "ARGS", ()):
-        parser.add_argument(*flags, **kwargs)
-    try:
-        payload = execute(module, **vars(parser.parse_args(argv)))
-    except BenchError as err:
-        print(err, file=sys.stderr)
-        return 2
-    return int(payload.get("exit_status", 0))

@@ -150,7 +150,7 @@ def plain_loop(cfg: dict[str, Any]) -> None:
     """MiniMind's ``train_epoch`` in plain PyTorch: the same model (seed 42), batches (MiniMind's per-epoch
     permutation), AdamW (weight decay 0.01), LR rule (cosine per micro-batch), accumulation (loss / N), clipping (1.0)
     and console line as the port; ``precision`` ``32-true`` or ``bf16-mixed`` (autocast around forward and loss);
-    ``deterministic`` as Lightning's ``Trainer(deterministic=...)``. Stamps the :class:`Marks` :class:`Probe` does."""
+    deterministic algorithms, as the port's default. Stamps the :class:`Marks` :class:`Probe` does."""
     import contextlib
 
     from torch.utils.data import DataLoader
@@ -163,24 +163,23 @@ def plain_loop(cfg: dict[str, Any]) -> None:
     from lit_minimind.model.module import minimind_lr
 
     emit("init")
-    device, batches, accumulate, log = cfg.get("device", "cpu"), cfg["batches"], cfg["accumulate"], cfg["log_interval"]
-    if (det := cfg.get("deterministic")) is not None:
-        if det:  # what Lightning's Trainer(deterministic=True) sets for cuBLAS
-            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(bool(det), warn_only=det == "warn")
-        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = bool(det), not det
-    cuda = torch.device(device).type == "cuda"
+    batches, accumulate, log = cfg["batches"], cfg["accumulate"], cfg["log_interval"]
+    device = "cuda" if cfg["accelerator"] == "gpu" else "cpu"
+    cuda = device == "cuda"
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # as the port's default Trainer(deterministic=True)
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     torch.manual_seed(42)
     config = MiniMindConfig(hidden_size=cfg["hidden_size"], num_hidden_layers=cfg["num_hidden_layers"])
     model = MiniMindForCausalLM(config).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg["learning_rate"], weight_decay=0.01)
     dataset = PretrainDataset(cfg["data"], load_tokenizer(cfg["tokenizer"]), max_length=cfg["max_seq_len"])
     loader = DataLoader(dataset, batch_sampler=SkipBatchSampler(epoch_permutation(len(dataset), 0), cfg["batch_size"]),
-                        num_workers=cfg.get("num_workers", 0), pin_memory=cuda)
-    autocast = (lambda: torch.autocast(torch.device(device).type, dtype=torch.bfloat16)) \
-        if cfg.get("precision") == "bf16-mixed" else contextlib.nullcontext
+                        num_workers=cfg["num_workers"], pin_memory=cuda)
+    autocast = (lambda: torch.autocast(device, dtype=torch.bfloat16)) if cfg["precision"] == "bf16-mixed" \
+        else contextlib.nullcontext
     marks = Marks()
-    if cfg.get("stamps"):
+    if cfg["stamps"]:
         marks.hook(model, optimizer)
     iters, total = len(loader), min(len(loader), batches)  # the LR rule's T, as LitMiniMind computes it with max_steps
     model.train()
@@ -215,8 +214,8 @@ def plain_loop(cfg: dict[str, Any]) -> None:
         if step == batches:
             break
     emit("end", marks=marks.batches[:-1], ends=marks.ends, saves=[], last_loss=float(loss.detach()),
-         tokens_per_batch=int(y.numel()), global_step=step // accumulate, precision=cfg.get("precision", "32-true"),
-         data_ms=data_ms(loader, cfg.get("data_batches", 0)) if cfg.get("data_batches") else None, **facts(model))
+         tokens_per_batch=int(y.numel()), global_step=step // accumulate, precision=cfg["precision"],
+         data_ms=data_ms(loader, cfg["data_batches"]) if cfg["data_batches"] else None, **facts(model))
 
 
 if __name__ == "__main__":
