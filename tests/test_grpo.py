@@ -3,7 +3,9 @@ its resume files; a reward model as the scorer; exact resume after kills.
 
 Fixture: ``tests/fixtures/grpo`` (made by its ``make_minimind_grpo.py`` from MiniMind d65ef2c: the dense 64x2
 SFT export as policy and reference, CPU fp32, rule rewards only: MiniMind's reward model replaced by a zero
-scorer, the port's ``--model.reward_model none``).
+scorer, the port's ``--model.reward_model none``): CISPO with thinking always open, clipped GRPO with it always
+closed, GRPO with MiniMind's random choice (``mixed``), and CISPO on a model that thinks and stops (``think``:
+tests/fixtures/serve's memorized model), each uninterrupted and resumed from MiniMind's own resume file.
 """
 
 from __future__ import annotations
@@ -198,11 +200,12 @@ def assert_minimind_steps(run_dir: Path, expected: list[dict]) -> None:
         assert abs(r["lr"] - s["lr"]) <= 1e-9 * max(1.0, s["lr"]) + 1e-12, (where, r["lr"], s["lr"])
 
 
-@pytest.mark.parametrize("run", ["cispo_full", "think_full", pytest.param("grpo_full", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("run", ["cispo_full", "think_full", pytest.param("grpo_full", marks=pytest.mark.slow),
+                                 pytest.param("mixed_full", marks=pytest.mark.slow)])
 def test_minimind_grpo_argv_reproduces_its_run(tmp_path: Path, run: str) -> None:
     need_shared()
-    if not RUNS:
-        pytest.skip("tests/fixtures/grpo/runs.json is absent")
+    if run not in RUNS:
+        pytest.skip(f"tests/fixtures/grpo/runs.json has no {run}")
     start_from_sft(tmp_path)
     out = run_cli(tmp_path, minimind_argv(run))
     assert out.returncode == 0, out.stderr[-3000:]
@@ -215,13 +218,14 @@ def test_minimind_grpo_argv_reproduces_its_run(tmp_path: Path, run: str) -> None
     assert resume["start_weights"]["path"] == f"out/{start}_64.pth"  # the reference: re-read and checked on resume
 
 
-@pytest.mark.parametrize("run", ["cispo_resumed", "think_resumed", pytest.param("grpo_resumed", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("run", ["cispo_resumed", "think_resumed", "mixed_resumed",
+                                 pytest.param("grpo_resumed", marks=pytest.mark.slow)])
 def test_from_resume_continues_minimind_grpo_file(tmp_path: Path, run: str) -> None:
     """MiniMind's resume file (fp16 weights, no RNG state): the port continues as MiniMind does, its stream
     seeded at the epoch's start, and samples MiniMind's resumed run's tokens."""
     need_shared()
-    if not RUNS:
-        pytest.skip("tests/fixtures/grpo/runs.json is absent")
+    if run not in RUNS:
+        pytest.skip(f"tests/fixtures/grpo/runs.json has no {run}")
     start_from_sft(tmp_path)
     (tmp_path / "checkpoints").mkdir()
     kind = run.split("_")[0]

@@ -54,7 +54,9 @@ def to_lightning(ckpt: dict[str, Any]) -> dict[str, Any]:
     """An original MiniMind resume dict as a Lightning checkpoint dict (loop counters left to the resume)."""
     import lightning  # here, not at the top: `import lit_minimind`, inspect, export and generate never load Lightning
 
-    position = {"epoch": int(ckpt["epoch"]), "step": int(ckpt["step"]), "world_size": int(ckpt.get("world_size") or 1)}
+    # restart_draws: MiniMind's file holds no RNG state; its resumed run draws afresh from the resume position
+    position = {"epoch": int(ckpt["epoch"]), "step": int(ckpt["step"]), "world_size": int(ckpt.get("world_size") or 1),
+                "restart_draws": True}
     converted: dict[str, Any] = {
         "state_dict": {MODULE_PREFIX + k: v.float() for k, v in ckpt["model"].items()},
         "optimizer_states": [ckpt["optimizer"]],

@@ -230,6 +230,8 @@ class MiniMindDataModule(L.LightningDataModule):
             epoch, skip = self.position.next_batch()
             sampler.set_epoch(epoch)
             batch_sampler.resume_at(epoch, skip)
+            if hasattr(records, "draws_restart") and (self.saved_position or {}).get("restart_draws"):
+                records.draws_restart = (epoch, skip * self.batch_size)  # MiniMind's resume: its draws start here
             self.position = None
         return ResumableDataLoader(
             self.train_dataset,

@@ -4,7 +4,14 @@ A record is an SFT record (:mod:`lit_minimind.data.sft`; MiniMind's ``rlaif.json
 assistant turn). Its prompt is the conversation without its last assistant turn, augmented as SFT
 (a system prompt with probability ``add_system_ratio``), rendered with the chat template and MiniMind's
 generation prompt, thinking opened with probability ``thinking_ratio`` (the template's ``open_thinking``).
-The draws of sample ``index`` come from a generator seeded with ``(seed, epoch, index)``, as SFT's.
+
+The draws are MiniMind's (:meth:`RLAIFDataset.draws`): Python's ``random`` seeded ``42 + epoch``, drawn sample
+after sample in the epoch's order (a system-prompt draw for a conversation without a system message or tools,
+then the thinking draw), so a single-process run opens thinking in exactly MiniMind's prompts. The order is
+the epoch's (the sampler followed with :meth:`follow_epoch`, else MiniMind's single-process permutation); the
+sequence starts at the epoch's first sample, or, after a resume from MiniMind's own file (no RNG state in it),
+at the resume position (:attr:`RLAIFDataset.draws_restart`), as MiniMind's resumed run draws. The system prompts
+are the port's (SFT's), not MiniMind's: with ``add_system_ratio > 0`` the text differs from MiniMind's.
 
 A sample is ``(prompt text, its token ids cut to the last max_length)``; :func:`collate_prompts` left-pads a
 batch with PAD into ``{"input_ids", "attention_mask", "prompts"}``, which is MiniMind's
@@ -14,6 +21,7 @@ batch with PAD into ``{"input_ids", "attention_mask", "prompts"}``, which is Min
 from __future__ import annotations
 
 import os
+import random
 from typing import Any
 
 import numpy as np
@@ -23,7 +31,7 @@ from torch.utils.data import Dataset
 
 from lit_minimind.data.chat_template import render_chat
 from lit_minimind.data.dataset import JsonlRecords
-from lit_minimind.data.sampler import MINIMIND_SEED
+from lit_minimind.data.sampler import MINIMIND_SEED, epoch_permutation
 from lit_minimind.data.sft import SYSTEM_PROMPTS, FollowsEpoch, augment, chat_messages, check_sft_record
 from lit_minimind.data.tokenizer import PAD_ID
 from lit_minimind.errors import DataError
@@ -61,20 +69,48 @@ class RLAIFDataset(FollowsEpoch, JsonlRecords, Dataset[tuple[str, list[int]]]):
         self.add_system_ratio, self.thinking_ratio, self.seed = add_system_ratio, thinking_ratio, seed
         self.epoch = 0
         self._epoch_source = None
+        self.draws_restart: tuple[int, int] | None = None  # (epoch, position): MiniMind's resume restarts its draws
+        self._system_draw: np.ndarray | None = None  # per record: whether MiniMind draws for a system prompt
+        self._plan: tuple[tuple[int, ...], dict[int, tuple[int, bool]]] | None = None
+
+    def order(self, epoch: int) -> list[int]:
+        """The samples of ``epoch`` in the order this rank reads them."""
+        source = self._epoch_source
+        if source is not None and hasattr(source, "indices"):  # the rank's EpochShardSampler
+            return source.indices(epoch)
+        return epoch_permutation(len(self), epoch, self.seed)
+
+    def draws(self, epoch: int) -> dict[int, tuple[int, bool]]:
+        """MiniMind's draws of ``epoch``, per sample: ``(system prompt index or -1, thinking opened)``."""
+        start = self.draws_restart[1] if self.draws_restart and self.draws_restart[0] == epoch else 0
+        needs = self.add_system_ratio > 0 or 0 < self.thinking_ratio < 1
+        key = (epoch, start, needs, id(self._epoch_source))
+        if self._plan is not None and self._plan[0] == key:
+            return self._plan[1]
+        rng, plan = random.Random(self.seed + epoch), {}
+        order = self.order(epoch) if needs else []
+        if needs and self._system_draw is None:
+            self._system_draw = np.array([system_draw(self.record(i)["conversations"]) for i in range(len(self))])
+        for index in order[start:]:
+            system = -1
+            if self._system_draw[index] and rng.random() < self.add_system_ratio:
+                system = rng.choice(range(len(SYSTEM_PROMPTS)))
+            plan.setdefault(index, (system, rng.random() < self.thinking_ratio))
+        self._plan = (key, plan)
+        return plan
 
     def prompt(self, index: int, epoch: int | None = None) -> str:
         """The rendered prompt of sample ``index`` in ``epoch`` (default: the current one)."""
         index = range(len(self))[index]
-        rng = np.random.default_rng([self.seed, self.current_epoch if epoch is None else epoch, index])
-        u_system, u_think = rng.random(2)
-        choice = int(rng.integers(len(SYSTEM_PROMPTS)))
+        epoch = self.current_epoch if epoch is None else epoch
+        # ratios of 0 or 1 decide without a draw; a sample outside the plan (never read in training) draws alone
+        system, think = self.draws(epoch).get(index) or (-1, random.Random(self.seed + epoch).random() < self.thinking_ratio)
         conversations = self.record(index)["conversations"]
         if conversations[-1].get("role") == "assistant":
             conversations = conversations[:-1]  # MiniMind: conversations[:-1], the answer slot
-        messages, tools = chat_messages(augment(conversations, u_system < self.add_system_ratio,
-                                                SYSTEM_PROMPTS[choice]))
+        messages, tools = chat_messages(augment(conversations, system >= 0, SYSTEM_PROMPTS[max(system, 0)]))
         return render_chat(messages, self.chat_template, add_generation_prompt=True, tools=tools,
-                           open_thinking=bool(u_think < self.thinking_ratio))
+                           open_thinking=bool(think))
 
     def __getitem__(self, index: int) -> tuple[str, list[int]]:
         text = self.prompt(index)
@@ -87,6 +123,11 @@ def collate_prompts(samples: list[tuple[str, list[int]]]) -> dict[str, Any]:
     ids = torch.tensor([[PAD_ID] * (width - len(t)) + t for _, t in samples], dtype=torch.long)
     mask = torch.tensor([[0] * (width - len(t)) + [1] * len(t) for _, t in samples], dtype=torch.long)
     return {"input_ids": ids, "attention_mask": mask, "prompts": [text for text, _ in samples]}
+
+
+def system_draw(conversations: list[dict[str, Any]]) -> bool:
+    """Whether MiniMind's ``pre_processing_chat`` draws for a system prompt: no tools, no system message first."""
+    return not any(m.get("tools") for m in conversations) and conversations[0].get("role") != "system"
 
 
 def check_rlaif_record(record: dict, where: str) -> None:

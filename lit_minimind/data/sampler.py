@@ -80,12 +80,16 @@ class EpochShardSampler(Sampler[int]):
     def __len__(self) -> int:
         return math.ceil(self.num_samples / self.world_size)
 
-    def __iter__(self) -> Iterator[int]:
-        order = epoch_permutation(self.num_samples, self.epoch, self.seed)
+    def indices(self, epoch: int) -> list[int]:
+        """This rank's samples of ``epoch``, in order."""
+        order = epoch_permutation(self.num_samples, epoch, self.seed)
         padded_size = len(self) * self.world_size
         if padded_size > len(order):  # repeat from the start, as DistributedSampler does
             order += order[: padded_size - len(order)]
-        return iter(order[self.rank : padded_size : self.world_size])
+        return order[self.rank : padded_size : self.world_size]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices(self.epoch))
 
 
 class ResumableBatchSampler(BatchSampler):
