@@ -100,3 +100,46 @@ def test_default_tokenizer_in_transformers(tmp_path: Path) -> None:
     assert result["ids"] == [encode(tokenizer, t, 10**6) for t in TEXTS]
     template = load_chat_template(tokenizer_dir)
     assert result["chats"] == [render_chat(m, template, add_generation_prompt=gen, **extra) for m, gen, extra in conversations()]
+
+
+def test_transformers_reward_model_scores_grpo_rollouts(tmp_path: Path) -> None:
+    """A transformers reward model directory with remote code (InternLM2-1.8B-Reward's ``get_score`` API, as MiniMind
+    loads it) scores GRPO's answers from a Python of its own: the scores are the model's own, clipped to [-3, 3];
+    a run adds them to the rule rewards; a Python without transformers stops with one line."""
+    need_shared()
+    from lit_minimind.model.grpo import SCORE_CLIP, TransformersScorer, fold_history, rule_rewards
+    from tests.helpers.runs import QUIET, SFT_EXPORT, run_cli
+
+    directory = tmp_path / "toy_reward"
+    cases = [([{"role": "user", "content": "What is 2 + 2?"}], "Four."),
+             ([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
+               {"role": "assistant", "content": "hello"}, {"role": "user", "content": "你好吗？"}], "很好，谢谢。"),
+             ([{"role": "user", "content": "Say something long."}], "words " * 60)]
+    (tmp_path / "requests.json").write_text(json.dumps([fold_history(m, a) for m, a in cases], ensure_ascii=False))
+    made = subprocess.run([str(HF_PYTHON), str(ROOT / "tests" / "helpers" / "hf_toy_reward.py"), str(directory),
+                           str(TOKENIZER), str(tmp_path / "requests.json"), str(tmp_path / "scores.json")],
+                          env=cli_env(), capture_output=True, text=True, timeout=600)
+    assert made.returncode == 0, made.stderr[-3000:]
+    want = [max(min(s, SCORE_CLIP), -SCORE_CLIP) for s in json.loads((tmp_path / "scores.json").read_text())["scores"]]
+    assert len(set(want)) == 3 and any(abs(s) == SCORE_CLIP for s in want) and any(abs(s) < SCORE_CLIP for s in want)
+    scorer = TransformersScorer(directory, str(HF_PYTHON))
+    try:
+        assert [scorer.get_score(m, a) for m, a in cases] == want
+    finally:
+        scorer.close()
+
+    args = ["--model.objective", "grpo", "--from_weight", str(SFT_EXPORT), "--data.data_path",
+            str(MINIMIND / "sft" / "sft.jsonl"), "--data.tokenizer_path", str(TOKENIZER), "--model.hidden_size", "64",
+            "--model.num_hidden_layers", "2", "--data.max_seq_len", "64", "--data.batch_size", "2",
+            "--model.num_generations", "2", "--model.max_gen_len", "8", "--trainer.max_steps", "1",
+            "--trainer.accelerator", "cpu", "--log_interval", "1", "--model.reward_model", str(directory),
+            "--trainer.callbacks+=tests.helpers.rollouts.RolloutLog", *QUIET]
+    run = run_cli(tmp_path, [*args, "--model.reward_python", str(HF_PYTHON)])
+    assert run.returncode == 0, run.stderr[-3000:]
+    row = json.loads((tmp_path / "rollouts.jsonl").read_text().splitlines()[0])
+    texts = load_tokenizer(TOKENIZER).decode_batch(row["completion_ids"], skip_special_tokens=True)
+    assert any(abs(r - rule_rewards(t)[0]) > 1e-3 for r, t in zip(row["rewards"], texts)), "the scorer added nothing"
+    (tmp_path / "again").mkdir()
+    without = run_cli(tmp_path / "again", args)  # this venv has no transformers
+    assert without.returncode == 2
+    assert "cannot import transformers" in without.stderr and "--model.reward_python" in without.stderr

@@ -9,7 +9,8 @@ One training step is one rollout (MiniMind: one optimizer step per rollout, ``ac
 2. **rewards** (:func:`rule_rewards` + a scorer): MiniMind's ``calculate_rewards``: length 20-800
    characters +0.5 else -0.5; with ``</think>``: thinking 20-300 characters +1 else -0.5, exactly one
    ``</think>`` +0.25 else -0.25; minus a 3-gram repetition penalty (:func:`rep_penalty`, at most 0.5);
-   plus the scorer's value of the answer (:class:`RewardScorer`, or 0 with ``--model.reward_model none``);
+   plus the scorer's value of the answer (:func:`load_scorer`: a reward model of ours or a transformers
+   directory such as MiniMind's InternLM2 reward; 0 with ``--model.reward_model none``);
 3. **advantages**: per prompt group ``(r - mean) / (std + 1e-4)`` (population std);
 4. **loss** (:func:`policy_loss`): token log-probs of the completion under the policy (with gradients) and
    the frozen reference, both in fp32, over the completion up to and including its first EOS:
@@ -25,6 +26,7 @@ these up to float rounding (the loss agrees to ~1e-7); the port spares that forw
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -35,7 +37,7 @@ import torch.nn.functional as F
 
 from lit_minimind.data.tokenizer import EOS_ID
 
-__all__ = ["GRPO_BETA", "LOSS_TYPES", "RewardScorer", "completion_log_probs", "completion_mask", "group_advantages",
+__all__ = ["GRPO_BETA", "LOSS_TYPES", "RewardScorer", "TransformersScorer", "fold_history", "load_scorer", "completion_log_probs", "completion_mask", "group_advantages",
            "policy_loss", "prompt_messages", "rep_penalty", "rewards_of", "rollout", "rule_rewards", "seed_rollout_stream"]
 
 GRPO_BETA = 0.1  # MiniMind's --beta of train_grpo.py
@@ -140,11 +142,19 @@ def seed_rollout_stream(epoch: int, num_samples: int, device: torch.device, rank
         torch.empty((), dtype=torch.int64).random_()
 
 
+def fold_history(messages: list[dict[str, str]], answer: str) -> list[dict[str, str]]:
+    """MiniMind's ``LMForRewardModel.get_score`` input: the history folded into one user turn, then the answer."""
+    history = "\n".join(f"{m['role']}: {m['content']}" for m in messages[:-1])
+    query = messages[-1]["content"] if messages else ""
+    context = f"{history}\n以上是对话历史。我的新问题是：\n{query}" if history else query  # MiniMind's words
+    return [{"role": "user", "content": context}, {"role": "assistant", "content": answer}]
+
+
 class RewardScorer:
-    """The reward model of ``--model.reward_model``: a file of :class:`lit_minimind.model.reward.RewardModel`
-    (``--model.objective reward``), read once and frozen; ``get_score(messages, answer)`` as MiniMind's
-    ``LMForRewardModel``: the history folded into one user turn, the answer as the assistant's, rendered
-    with the chat template, scored at its closing ``<|im_end|>`` and clipped to [-3, 3]."""
+    """The reward model of ``--model.reward_model FILE``: a :class:`lit_minimind.model.reward.RewardModel` file
+    (``--model.objective reward``), read once and frozen; ``get_score(messages, answer)`` renders
+    :func:`fold_history`'s two turns with the chat template and reads the value at the closing ``<|im_end|>``,
+    clipped to [-3, 3] as MiniMind's."""
 
     def __init__(self, path: str | os.PathLike[str], tokenizer: Any, chat_template: str | None) -> None:
         from lit_minimind.checkpoint.read import read_checkpoint
@@ -154,9 +164,6 @@ class RewardScorer:
         from lit_minimind.model.minimind import MiniMindConfig
         from lit_minimind.model.reward import RewardModel
 
-        if not Path(path).is_file():
-            raise CheckpointError(f"--model.reward_model: {path}: no such file (a reward model trained with "
-                                  "--model.objective reward; or none: rule rewards only)")
         state = model_weights(read_checkpoint(path))
         if "value_head.weight" not in state:
             raise CheckpointError(f"--model.reward_model: {path}: not a reward model (no value_head.weight: train one "
@@ -172,20 +179,65 @@ class RewardScorer:
     def get_score(self, messages: list[dict[str, str]], answer: str) -> float:
         from lit_minimind.data.chat_template import render_chat
 
-        history = "\n".join(f"{m['role']}: {m['content']}" for m in messages[:-1])
-        query = messages[-1]["content"] if messages else ""
-        context = f"{history}\n以上是对话历史。我的新问题是：\n{query}" if history else query  # MiniMind's words
-        text = render_chat([{"role": "user", "content": context}, {"role": "assistant", "content": answer}],
-                           self.chat_template)
-        ids = self.tokenizer.encode(text).ids
+        ids = self.tokenizer.encode(render_chat(fold_history(messages, answer), self.chat_template)).ids
         ends = [i for i, t in enumerate(ids) if t == EOS_ID]
-        ids = torch.tensor([ids[: ends[-1] + 1] if ends else ids])
-        values, _ = self.model.scores(ids)
+        values, _ = self.model.scores(torch.tensor([ids[: ends[-1] + 1] if ends else ids]))
         return max(min(float(values[0, -1]), SCORE_CLIP), -SCORE_CLIP)
 
 
+class TransformersScorer:
+    """``--model.reward_model DIR``: a transformers reward model directory (MiniMind's InternLM2-1.8B-Reward),
+    scored by :mod:`lit_minimind.model.hf_reward` in the Python ``python`` (one with transformers; kept out of
+    this environment), one request per answer over a pipe; its ``get_score(tokenizer, messages)`` on
+    :func:`fold_history`'s two turns, clipped to [-3, 3] as MiniMind's."""
+
+    def __init__(self, path: str | os.PathLike[str], python: str | None) -> None:
+        import subprocess
+        import sys
+
+        from lit_minimind.errors import UsageError
+        from lit_minimind.model.dpo import file_sha256
+
+        self.path, self.sha256 = Path(path), file_sha256(path)
+        script = Path(__file__).with_name("hf_reward.py")
+        self.process = subprocess.Popen([python or sys.executable, str(script), str(path)], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, text=True, encoding="utf-8")
+        first = json.loads(self.process.stdout.readline() or '{"error": "the scorer process exited"}')
+        if "error" in first:
+            self.close()
+            raise UsageError(f"--model.reward_model {path}: {first['error']} (a transformers reward model needs a "
+                             "Python with transformers: --model.reward_python PATH, e.g. make test-hf's .venv-hf/bin/python)")
+
+    def get_score(self, messages: list[dict[str, str]], answer: str) -> float:
+        self.process.stdin.write(json.dumps({"messages": fold_history(messages, answer)}, ensure_ascii=False) + "\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"--model.reward_model {self.path}: the scorer process exited "
+                               f"(status {self.process.wait()}); its error is above")
+        return max(min(float(json.loads(line)["score"]), SCORE_CLIP), -SCORE_CLIP)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+def load_scorer(path: str | os.PathLike[str], tokenizer: Any, chat_template: str | None,
+                python: str | None = None) -> RewardScorer | TransformersScorer:
+    """``--model.reward_model``: a file of ours (:class:`RewardScorer`) or a transformers directory."""
+    from lit_minimind.errors import CheckpointError
+
+    if Path(path).is_dir():
+        return TransformersScorer(path, python)
+    if not Path(path).is_file():
+        raise CheckpointError(f"--model.reward_model: {path}: no such file or directory (a reward model trained with "
+                              "--model.objective reward, a transformers reward model directory, or none: rule rewards only)")
+    return RewardScorer(path, tokenizer, chat_template)
+
+
 def rewards_of(prompts: list[str], completions: list[str], num_generations: int,
-               scorer: RewardScorer | None) -> torch.Tensor:
+               scorer: RewardScorer | TransformersScorer | None) -> torch.Tensor:
     """MiniMind's ``calculate_rewards``: the rule terms of each completion plus the scorer's value."""
     rewards = []
     for i, completion in enumerate(completions):

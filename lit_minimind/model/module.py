@@ -22,10 +22,10 @@ from lit_minimind.model.dpo import DPO_BETA, Reference, dpo_inputs, dpo_loss, fi
 from lit_minimind.model.grpo import (
     GRPO_BETA,
     LOSS_TYPES,
-    RewardScorer,
     completion_log_probs,
     completion_mask,
     group_advantages,
+    load_scorer,
     policy_loss,
     rewards_of,
     rollout,
@@ -122,8 +122,11 @@ class LitMiniMind(L.LightningModule):
         epsilon: GRPO's PPO clip (``--epsilon`` 0.2, ``loss_type grpo``).
         epsilon_high: CISPO's ratio cap (``--epsilon_high`` 5.0).
         max_gen_len: GRPO: tokens per sample at most (``--max_gen_len``).
-        reward_model: GRPO's scorer: a reward model file (``--model.objective reward``), added to MiniMind's
-            rule rewards; ``none``: the rule rewards alone.
+        reward_model: GRPO's scorer, added to MiniMind's rule rewards: a reward model file
+            (``--model.objective reward``) or a transformers reward model directory (MiniMind's InternLM2 reward,
+            scored in ``reward_python``); ``none``: the rule rewards alone.
+        reward_python: the Python (with transformers) that scores a transformers ``reward_model`` directory;
+            default: this one.
     """
 
     def __init__(
@@ -156,6 +159,7 @@ class LitMiniMind(L.LightningModule):
         epsilon_high: float = 5.0,
         max_gen_len: int = 1024,
         reward_model: str = "none",
+        reward_python: str | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -336,7 +340,12 @@ class LitMiniMind(L.LightningModule):
             raise UsageError("GRPO has no validation loss: leave --data.val_fraction at 0")
         path = self.hparams.reward_model
         if self.scorer is None and path not in (None, "", "none"):
-            self.scorer = RewardScorer(path, datamodule.tokenizer, getattr(datamodule.train_dataset, "chat_template", None))
+            self.scorer = load_scorer(path, datamodule.tokenizer, getattr(datamodule.train_dataset, "chat_template", None),
+                                      self.hparams.reward_python)
+
+    def teardown(self, stage: str) -> None:
+        if hasattr(self.scorer, "close"):  # a transformers reward model's process
+            self.scorer.close()
 
     def grpo_lr(self, optimizer_steps: int) -> float:
         """MiniMind's GRPO LR: ``CosineAnnealingLR`` over the run's optimizer steps down to a tenth of the peak
