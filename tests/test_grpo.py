@@ -15,6 +15,7 @@ import math
 import random
 import re
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,7 @@ from tests.helpers.runs import (
     assert_resumed,
     assert_same_files,
     assert_steps_match,
+    at_line,
     cli_env,
     need_shared,
     run_cli,
@@ -200,8 +202,11 @@ def assert_minimind_steps(run_dir: Path, expected: list[dict]) -> None:
         assert abs(r["lr"] - s["lr"]) <= 1e-9 * max(1.0, s["lr"]) + 1e-12, (where, r["lr"], s["lr"])
 
 
-@pytest.mark.parametrize("run", ["cispo_full", "think_full", pytest.param("grpo_full", marks=pytest.mark.slow),
-                                 pytest.param("mixed_full", marks=pytest.mark.slow)])
+SLOW = pytest.mark.slow  # make test keeps one run of each path: a thinking model that stops, MiniMind's draws resumed
+
+
+@pytest.mark.parametrize("run", ["think_full", *(pytest.param(r, marks=SLOW) for r in ("cispo_full", "grpo_full",
+                                                                                         "mixed_full"))])
 def test_minimind_grpo_argv_reproduces_its_run(tmp_path: Path, run: str) -> None:
     need_shared()
     if run not in RUNS:
@@ -218,8 +223,8 @@ def test_minimind_grpo_argv_reproduces_its_run(tmp_path: Path, run: str) -> None
     assert resume["start_weights"]["path"] == f"out/{start}_64.pth"  # the reference: re-read and checked on resume
 
 
-@pytest.mark.parametrize("run", ["cispo_resumed", "think_resumed", "mixed_resumed",
-                                 pytest.param("grpo_resumed", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("run", ["mixed_resumed", *(pytest.param(r, marks=SLOW) for r in ("cispo_resumed",
+                                                                                            "think_resumed", "grpo_resumed"))])
 def test_from_resume_continues_minimind_grpo_file(tmp_path: Path, run: str) -> None:
     """MiniMind's resume file (fp16 weights, no RNG state): the port continues as MiniMind does, its stream
     seeded at the epoch's start, and samples MiniMind's resumed run's tokens."""
@@ -274,6 +279,27 @@ def test_kill_anywhere_grpo(tmp_path: Path) -> None:
     assert_same_files(ref_dir, kill_dir, ["out/grpo_64.pth", "checkpoints/grpo_64_resume.pth"])
 
 
+@pytest.mark.slow  # three runs: make test-slow
+def test_sigterm_mid_rollout_saves_at_the_step_and_resumes_exactly(tmp_path: Path) -> None:
+    """SIGTERM while a step samples: the step finishes, is saved, the run exits 0; the resumed run starts at the next
+    step and ends with the uninterrupted run's files."""
+    need_shared()
+    ref_dir, run_dir = tmp_path / "ref", tmp_path / "stopped"
+    ref_dir.mkdir(), run_dir.mkdir()
+    ref = run_cli(ref_dir, tiny_grpo_args())
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    stopped = run_cli(run_dir, tiny_grpo_args(), on_line=at_line(3, lambda run: run.send(signal.SIGTERM)))
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    assert "SIGTERM received" in stopped.stdout
+    last = max(stopped.steps)
+    assert last < (1, 12)
+    resumed = run_cli(run_dir, [*tiny_grpo_args(), "--ckpt_path", "last"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_resumed(resumed, 1, last[1] + 1)
+    assert {**stopped.steps, **resumed.steps} == ref.steps
+    assert_same_files(ref_dir, run_dir, ["out/grpo_64.pth", "checkpoints/grpo_64_resume.pth"])
+
+
 def make_reward_model(path: Path, seed: int) -> None:
     from lit_minimind.model import MiniMindConfig
     from lit_minimind.model.reward import RewardModel
@@ -313,6 +339,7 @@ def test_reward_model_scores_and_is_checked_on_resume(tmp_path: Path) -> None:
     assert none.returncode == 2 and "--model.reward_model none, but the checkpoint was trained with" in none.stderr
 
 
+@pytest.mark.slow  # the fixture runs check the lr of MiniMind's own runs in make test
 def test_grpo_lr_is_miniminds_cosine(tmp_path: Path) -> None:
     """CosineAnnealingLR over ceil(iters / accumulation) * epochs optimizer steps, down to a tenth."""
     need_shared()
