@@ -126,6 +126,7 @@ def test_resume_refuses_a_changed_base(tmp_path: Path) -> None:
 def test_adapters_follow_minimind_and_merge() -> None:
     """Rank 16 on every square Linear (q_proj, o_proj), B zero so the output is the base's; the forward
     adds B(A(x)); merging adds B @ A to the weight in fp16, as MiniMind's merge_lora."""
+    need_shared()  # minimind_model reads the shared parity config
     from lit_minimind.model.lora import freeze_base, merged_state
 
     torch.manual_seed(0)
