@@ -164,6 +164,7 @@ def tiny_distill_args(*extra: str) -> list[str]:
             "--resume.save_interval", "5", *QUIET, *extra]
 
 
+@pytest.mark.slow  # make test-slow (budget): make test checks the same refusal for DPO's reference and GRPO's scorer
 def test_distill_resume_refuses_a_changed_teacher_and_needs_one(tmp_path: Path) -> None:
     need_shared()
     teacher = tmp_path / "teacher.pth"

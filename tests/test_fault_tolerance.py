@@ -208,6 +208,7 @@ def test_read_only_checkpoint_dir_after_a_good_save_keeps_it(tmp_path: Path) -> 
     assert {p.name: p.read_bytes() for p in ckpt_dir.iterdir()} == before
 
 
+@pytest.mark.slow  # make test-slow (budget)
 def test_fresh_run_beside_an_older_runs_files_resumes_itself_and_keeps_them(tmp_path: Path) -> None:
     need_shared()
     old = run_cli(tmp_path, tiny_args(epochs=2, save_interval=5))

@@ -253,6 +253,7 @@ def test_a_finished_run_resumed_from_an_older_checkpoint_by_path_branches(tmp_pa
 
 
 # ---------------------------------------------------------------------------------------------- _resume.pth
+@pytest.mark.slow  # make test-slow (budget)
 def test_a_resume_link_whose_checkpoint_was_deleted_is_no_live_run(tmp_path: Path) -> None:
     """A finished run's .ckpt files deleted, its _resume.pth (a hard link) left: --ckpt_path last says so in
     one line and starts fresh (every batch trained), instead of resuming that finished run with nothing to train."""

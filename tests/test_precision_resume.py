@@ -37,7 +37,7 @@ def test_deterministic_kernels_are_on_by_default(tmp_path: Path, monkeypatch: py
         torch.use_deterministic_algorithms(False)
 
 
-@pytest.mark.parametrize("source", ["ckpt", "minimind_resume"])
+@pytest.mark.parametrize("source", ["ckpt", pytest.param("minimind_resume", marks=pytest.mark.slow)])
 def test_moved_scale_is_restored(tmp_path: Path, source: str) -> None:
     need_shared()
     args = tiny_args(epochs=1, accumulate=2, save_interval=2) + MOVING_SCALE + ["--resume.keep_last", "100"]

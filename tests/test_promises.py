@@ -31,7 +31,7 @@ def test_a_max_time_stop_saves_where_it_stopped_and_resumes_there(tmp_path: Path
     assert_resumed(resumed, next_epoch, next_step)
 
 
-@pytest.mark.parametrize("source", ["ckpt", pytest.param("resume_pth", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("source", [pytest.param("ckpt", marks=pytest.mark.slow), pytest.param("resume_pth", marks=pytest.mark.slow)])
 def test_from_weight_takes_a_checkpoints_weights_with_a_fresh_start(tmp_path: Path, source: str) -> None:
     need_shared()
     first_dir, second_dir = tmp_path / "first", tmp_path / "second"

@@ -29,7 +29,7 @@ SCENARIOS = {
 }
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in ("moe", "workers") else n for n in SCENARIOS])  # moe, workers: make test-slow (budget)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in ("moe", "workers", "fp16_scaler") else n for n in SCENARIOS])  # make test-slow (budget)
 def test_kill_anywhere_resume_is_bit_identical(tmp_path: Path, name: str) -> None:
     need_shared()
     extra, moe = SCENARIOS[name]

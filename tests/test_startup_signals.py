@@ -23,7 +23,7 @@ from tests.helpers.runs import assert_resumed, cli_env, need_shared, resumed_at,
 # before restore and after it (before Lightning's handlers) behave like restore itself: `make test-slow`
 PHASES = [pytest.param("setup", marks=pytest.mark.slow), "on_load_checkpoint",
           pytest.param("on_fit_start", marks=pytest.mark.slow), pytest.param("train_dataloader", marks=pytest.mark.slow),
-          "on_train_batch_start"]
+          pytest.param("on_train_batch_start", marks=pytest.mark.slow)]
 
 
 def signal_at(phase: str, signame: str = "SIGTERM") -> list[str]:
