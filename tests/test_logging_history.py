@@ -137,6 +137,7 @@ def test_seeded_sigkills_lose_no_logged_row_wandb_and_csv(tmp_path: Path) -> Non
     assert "\nlogs: ./lightning_logs/version_0\n" in final.stdout
 
 
+@pytest.mark.slow  # make test-slow (budget)
 def test_micro_step_continues_across_a_world_size_change(tmp_path: Path) -> None:
     """Two processes (DDP), SIGKILLed inside the epoch-end save; resumed on one: the step axis
     (``micro_step``, micro-batches trained so far) goes on from the checkpoint's, without a gap."""

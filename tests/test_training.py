@@ -186,6 +186,7 @@ def test_stop_by_max_steps_saves_where_it_stopped(tmp_path: Path) -> None:
     assert_resumed(rest, 1, 7)
 
 
+@pytest.mark.slow  # make test-slow (budget)
 def test_validation_split_resume_at_epoch_end_keeps_each_validation(tmp_path: Path) -> None:
     need_shared()
     args = tiny_args(epochs=1, accumulate=1, save_interval=100) + ["--data.val_fraction", "0.25"]

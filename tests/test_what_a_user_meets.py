@@ -133,6 +133,7 @@ def test_a_run_that_trains_nothing_says_so_and_names_no_missing_directory(tmp_pa
     assert not (tmp_path / "ck0").exists()
 
 
+@pytest.mark.slow  # make test-slow (budget)
 def test_a_skipped_checkpoint_is_one_warning_line(tmp_path: Path) -> None:
     """The newest checkpoint damaged: ``--ckpt_path last`` skips it with one line, not Python's warning
     format with the source line (``rank_zero_warn(...)``) under it, and resumes from the one before."""
