@@ -223,6 +223,8 @@ class MiniMindDataModule(L.LightningDataModule):
         records = self.train_dataset.dataset if isinstance(self.train_dataset, Subset) else self.train_dataset
         if hasattr(records, "follow_epoch"):  # SFT augmentation is drawn per (seed, epoch, index)
             records.follow_epoch(sampler)
+        if hasattr(records, "layout"):  # RL prompts draw as MiniMind's loader with this many workers
+            records.layout = (self.batch_size, self.num_workers)
         # Lightning creates the first iterator before it calls set_epoch, and worker processes
         # start drawing indices right then: the sampler must know its epoch already.
         sampler.set_epoch(trainer.current_epoch if trainer is not None else 0)

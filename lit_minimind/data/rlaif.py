@@ -7,7 +7,10 @@ generation prompt, thinking opened with probability ``thinking_ratio`` (the temp
 
 The draws are MiniMind's (:meth:`RLAIFDataset.draws`): Python's ``random`` seeded ``42 + epoch``, drawn sample
 after sample in the epoch's order (a system-prompt draw for a conversation without a system message or tools,
-then the thinking draw), so a single-process run opens thinking in exactly MiniMind's prompts. The order is
+then the thinking draw), so a single-process run opens thinking in exactly MiniMind's prompts. With DataLoader
+workers (:attr:`RLAIFDataset.layout`), as MiniMind's with the same ``num_workers``: batch ``k`` is drawn by worker
+``k mod W``, whose ``random`` torch seeds with the iterator's base seed (the draw after MiniMind's ``randperm``
+from its stream seeded ``42 + epoch``) plus the worker's id. The order is
 the epoch's (the sampler followed with :meth:`follow_epoch`, else MiniMind's single-process permutation); the
 sequence starts at the epoch's first sample, or, after a resume from MiniMind's own file (no RNG state in it),
 at the resume position (:attr:`RLAIFDataset.draws_restart`), as MiniMind's resumed run draws. The system prompts
@@ -70,6 +73,7 @@ class RLAIFDataset(FollowsEpoch, JsonlRecords, Dataset[tuple[str, list[int]]]):
         self.epoch = 0
         self._epoch_source = None
         self.draws_restart: tuple[int, int] | None = None  # (epoch, position): MiniMind's resume restarts its draws
+        self.layout: tuple[int, int] = (1, 0)  # (batch size, DataLoader workers) the draws follow (set by the loader)
         self._system_draw: np.ndarray | None = None  # per record: whether MiniMind draws for a system prompt
         self._plan: tuple[tuple[int, ...], dict[int, tuple[int, bool]]] | None = None
 
@@ -84,20 +88,34 @@ class RLAIFDataset(FollowsEpoch, JsonlRecords, Dataset[tuple[str, list[int]]]):
         """MiniMind's draws of ``epoch``, per sample: ``(system prompt index or -1, thinking opened)``."""
         start = self.draws_restart[1] if self.draws_restart and self.draws_restart[0] == epoch else 0
         needs = self.add_system_ratio > 0 or 0 < self.thinking_ratio < 1
-        key = (epoch, start, needs, id(self._epoch_source))
+        key = (epoch, start, needs, self.layout, id(self._epoch_source))
         if self._plan is not None and self._plan[0] == key:
             return self._plan[1]
-        rng, plan = random.Random(self.seed + epoch), {}
+        plan: dict[int, tuple[int, bool]] = {}
         order = self.order(epoch) if needs else []
         if needs and self._system_draw is None:
             self._system_draw = np.array([system_draw(self.record(i)["conversations"]) for i in range(len(self))])
-        for index in order[start:]:
-            system = -1
-            if self._system_draw[index] and rng.random() < self.add_system_ratio:
-                system = rng.choice(range(len(SYSTEM_PROMPTS)))
-            plan.setdefault(index, (system, rng.random() < self.thinking_ratio))
+        batch_size, workers = self.layout
+        rngs = [random.Random(seed) for seed in self.draw_seeds(epoch, workers)]
+        for k, first in enumerate(range(start, len(order), batch_size)):
+            rng = rngs[k % len(rngs)]  # a loader's batch k goes to worker k mod W
+            for index in order[first:first + batch_size]:
+                system = -1
+                if self._system_draw[index] and rng.random() < self.add_system_ratio:
+                    system = rng.choice(range(len(SYSTEM_PROMPTS)))
+                plan.setdefault(index, (system, rng.random() < self.thinking_ratio))
         self._plan = (key, plan)
         return plan
+
+    def draw_seeds(self, epoch: int, workers: int) -> list[int]:
+        """The seeds of MiniMind's Python ``random`` in ``epoch``: ``42 + epoch`` in the main process, else one per
+        DataLoader worker: the iterator's base seed (drawn after the epoch's ``randperm``) + the worker's id."""
+        if workers == 0:
+            return [self.seed + epoch]
+        stream = torch.Generator().manual_seed(self.seed + epoch)
+        torch.randperm(len(self), generator=stream)
+        base = int(torch.empty((), dtype=torch.int64).random_(generator=stream))
+        return [base + worker for worker in range(workers)]
 
     def prompt(self, index: int, epoch: int | None = None) -> str:
         """The rendered prompt of sample ``index`` in ``epoch`` (default: the current one)."""
