@@ -4,7 +4,7 @@ its resume files; a reward model as the scorer; exact resume after kills.
 Fixture: ``tests/fixtures/grpo`` (made by its ``make_minimind_grpo.py`` from MiniMind d65ef2c: the dense 64x2
 SFT export as policy and reference, CPU fp32, rule rewards only: MiniMind's reward model replaced by a zero
 scorer, the port's ``--model.reward_model none``): CISPO with thinking always open, clipped GRPO with it always
-closed, GRPO with MiniMind's random choice (``mixed``), and CISPO on a model that thinks and stops (``think``:
+closed, GRPO with MiniMind's random choice (``mixed``; ``workers``: drawn in 2 DataLoader workers), and CISPO on a model that thinks and stops (``think``:
 tests/fixtures/serve's memorized model), each uninterrupted and resumed from MiniMind's own resume file.
 """
 
@@ -206,7 +206,7 @@ SLOW = pytest.mark.slow  # make test keeps two resumed runs: MiniMind's draws re
 
 
 @pytest.mark.parametrize("run", [pytest.param(r, marks=SLOW) for r in ("cispo_full", "grpo_full", "mixed_full",
-                                                                         "think_full")])
+                                                                         "think_full", "workers_full")])
 def test_minimind_grpo_argv_reproduces_its_run(tmp_path: Path, run: str) -> None:
     need_shared()
     if run not in RUNS:
@@ -224,7 +224,8 @@ def test_minimind_grpo_argv_reproduces_its_run(tmp_path: Path, run: str) -> None
 
 
 @pytest.mark.parametrize("run", ["mixed_resumed", "think_resumed",
-                                 *(pytest.param(r, marks=SLOW) for r in ("cispo_resumed", "grpo_resumed"))])
+                                 *(pytest.param(r, marks=SLOW) for r in ("cispo_resumed", "grpo_resumed",
+                                                                         "workers_resumed"))])
 def test_from_resume_continues_minimind_grpo_file(tmp_path: Path, run: str) -> None:
     """MiniMind's resume file (fp16 weights, no RNG state): the port continues as MiniMind does, its stream
     seeded at the epoch's start, and samples MiniMind's resumed run's tokens."""
@@ -336,6 +337,18 @@ def test_reward_model_scores_and_is_checked_on_resume(tmp_path: Path) -> None:
     again = run_cli(tmp_path, [*args[:-2], "--trainer.max_steps", "4", "--ckpt_path", "last"])
     assert again.returncode == 2
     assert f"--model.reward_model {scorer_file} changed since the checkpoint was written" in again.stderr
+
+
+@pytest.mark.slow  # make test-slow (budget)
+def test_a_resume_without_the_reward_model_it_was_trained_with_is_refused(tmp_path: Path) -> None:
+    need_shared()
+    scorer_file = tmp_path / "reward_64.pth"
+    make_reward_model(scorer_file, 0)
+    first = run_cli(tmp_path, tiny_grpo_args("--model.reward_model", str(scorer_file), "--trainer.max_steps", "1"))
+    assert first.returncode == 0, first.stderr[-3000:]
+    none = run_cli(tmp_path, [*tiny_grpo_args("--trainer.max_steps", "2"), "--ckpt_path", "last"])
+    assert none.returncode == 2
+    assert f"--model.reward_model none, but the checkpoint was trained with {scorer_file}" in none.stderr
 
 
 @pytest.mark.slow  # the fixture runs check the lr of MiniMind's own runs in make test
