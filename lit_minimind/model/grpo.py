@@ -1,6 +1,7 @@
 """MiniMind's reinforcement stage (``trainer/train_grpo.py``): rollouts, rule rewards, GRPO and CISPO losses.
 
-One training step is one rollout (MiniMind: one optimizer step per rollout, ``accumulation_steps`` 1):
+Each micro-batch of prompts is one rollout, trained on at once (MiniMind's loop; its optimizer steps every
+``accumulation_steps`` rollouts):
 
 1. **rollout** (:func:`rollout`): each left-padded prompt is repeated ``num_generations`` times and
    sampled by the policy itself at MiniMind's settings (temperature 0.8, and its ``generate`` defaults
@@ -19,7 +20,7 @@ One training step is one rollout (MiniMind: one optimizer step per rollout, ``ac
    ``KL = exp(ref - logp) - (ref - logp) - 1``; a per-sequence token mean, then the batch mean.
 
 The ratio's "old" policy is the policy that sampled, which is the one being trained: a rollout is
-trained on before the next optimizer step, so ``old = sg(logp)`` and the ratio is 1 in value, its
+trained on before any optimizer step, so ``old = sg(logp)`` and the ratio is 1 in value, its
 gradient ``A * grad logp``. MiniMind obtains the old log-probs from a second no-grad forward, equal to
 these up to float rounding (the loss agrees to ~1e-7); the port spares that forward.
 """
@@ -37,8 +38,9 @@ import torch.nn.functional as F
 
 from lit_minimind.data.tokenizer import EOS_ID
 
-__all__ = ["GRPO_BETA", "LOSS_TYPES", "RewardScorer", "TransformersScorer", "fold_history", "load_scorer", "completion_log_probs", "completion_mask", "group_advantages",
-           "policy_loss", "prompt_messages", "rep_penalty", "rewards_of", "rollout", "rule_rewards", "seed_rollout_stream"]
+__all__ = ["GRPO_BETA", "LOSS_TYPES", "RewardScorer", "TransformersScorer", "completion_log_probs", "completion_mask",
+           "fold_history", "group_advantages", "load_scorer", "policy_loss", "prompt_messages", "rep_penalty", "rewards_of",
+           "rollout", "rule_rewards", "seed_rollout_stream"]
 
 GRPO_BETA = 0.1  # MiniMind's --beta of train_grpo.py
 LOSS_TYPES = ("cispo", "grpo")
