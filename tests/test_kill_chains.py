@@ -112,6 +112,7 @@ def test_mid_epoch_kill_chain_is_exact(tmp_path: Path, seed: int) -> None:
     assert_same(final_weights(run_dir)[1], final_weights(ref_dir)[1])
 
 
+@pytest.mark.slow  # make test-slow (budget)
 def test_kill_in_teardown_after_the_final_save_trains_nothing_again(tmp_path: Path) -> None:
     need_shared()
     args = tiny_args(epochs=2, accumulate=2, save_interval=100)  # saves at the two epoch ends
