@@ -91,10 +91,9 @@ class MiniMindDataModule(L.LightningDataModule):
         self.val_fraction = val_fraction
         if kind not in ("auto", "pretrain", "sft", "dpo", "rlaif"):
             raise ValueError(f"kind must be 'auto', 'pretrain', 'sft', 'dpo' or 'rlaif', got {kind!r}")
-        for name, ratio in (("add_system_ratio", add_system_ratio), ("empty_think_ratio", empty_think_ratio),
-                            ("thinking_ratio", thinking_ratio)):
-            if not 0.0 <= ratio <= 1.0:
-                raise ValueError(f"{name} must be in [0, 1], got {ratio}")
+        from lit_minimind.data.sft import check_ratios
+
+        check_ratios(add_system_ratio=add_system_ratio, empty_think_ratio=empty_think_ratio, thinking_ratio=thinking_ratio)
         self.kind = kind
         self.data_kind: str | None = None  # "pretrain", "sft", "dpo" or "rlaif", known after setup()
         self.add_system_ratio = add_system_ratio

@@ -30,7 +30,7 @@ from torch.utils.data import Dataset
 from lit_minimind.data.chat_template import render_chat
 from lit_minimind.data.dataset import IGNORE_INDEX, JsonlRecords, _json_type, check_kind
 from lit_minimind.data.sampler import MINIMIND_SEED
-from lit_minimind.data.sft import EMPTY_THINK, FollowsEpoch, chat_messages, check_sft_record, minimind_labels
+from lit_minimind.data.sft import EMPTY_THINK, FollowsEpoch, chat_messages, check_ratios, check_sft_record, minimind_labels
 from lit_minimind.data.tokenizer import BOS_TOKEN, EOS_TOKEN, PAD_ID
 from lit_minimind.errors import DataError
 
@@ -70,8 +70,7 @@ class DPODataset(FollowsEpoch, JsonlRecords, Dataset[dict[str, torch.Tensor]]):
     ) -> None:
         if max_length < 2:
             raise ValueError(f"max_length must be >= 2 (inputs and targets are shifted), got {max_length}")
-        if not 0.0 <= empty_think_ratio <= 1.0:
-            raise ValueError(f"empty_think_ratio must be in [0, 1], got {empty_think_ratio}")
+        check_ratios(empty_think_ratio=empty_think_ratio)
         super().__init__(data_path, check_dpo_record, cache_dir)
         self.tokenizer = tokenizer
         self.max_length = max_length

@@ -35,7 +35,7 @@ from torch.utils.data import Dataset
 from lit_minimind.data.chat_template import render_chat
 from lit_minimind.data.dataset import JsonlRecords
 from lit_minimind.data.sampler import MINIMIND_SEED, epoch_permutation
-from lit_minimind.data.sft import SYSTEM_PROMPTS, FollowsEpoch, augment, chat_messages, check_sft_record
+from lit_minimind.data.sft import SYSTEM_PROMPTS, FollowsEpoch, augment, chat_messages, check_ratios, check_sft_record
 from lit_minimind.data.tokenizer import PAD_ID
 from lit_minimind.errors import DataError
 
@@ -64,9 +64,7 @@ class RLAIFDataset(FollowsEpoch, JsonlRecords, Dataset[tuple[str, list[int]]]):
                  cache_dir: str | os.PathLike[str] | None = None) -> None:
         if max_length < 1:
             raise ValueError(f"max_length must be >= 1, got {max_length}")
-        for name, ratio in (("add_system_ratio", add_system_ratio), ("thinking_ratio", thinking_ratio)):
-            if not 0.0 <= ratio <= 1.0:
-                raise ValueError(f"{name} must be in [0, 1], got {ratio}")
+        check_ratios(add_system_ratio=add_system_ratio, thinking_ratio=thinking_ratio)
         super().__init__(data_path, check_rlaif_record, cache_dir)
         self.tokenizer, self.max_length, self.chat_template = tokenizer, max_length, chat_template
         self.add_system_ratio, self.thinking_ratio, self.seed = add_system_ratio, thinking_ratio, seed
@@ -121,8 +119,8 @@ class RLAIFDataset(FollowsEpoch, JsonlRecords, Dataset[tuple[str, list[int]]]):
         """The rendered prompt of sample ``index`` in ``epoch`` (default: the current one)."""
         index = range(len(self))[index]
         epoch = self.current_epoch if epoch is None else epoch
-        # ratios of 0 or 1 decide without a draw; a sample outside the plan (never read in training) draws alone
-        system, think = self.draws(epoch).get(index) or (-1, random.Random(self.seed + epoch).random() < self.thinking_ratio)
+        # no plan when ratios of 0 or 1 decide alone; a sample before a restart's plan is never read in training
+        system, think = self.draws(epoch).get(index) or (-1, self.thinking_ratio == 1.0)
         conversations = self.record(index)["conversations"]
         if conversations[-1].get("role") == "assistant":
             conversations = conversations[:-1]  # MiniMind: conversations[:-1], the answer slot

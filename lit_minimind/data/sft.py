@@ -127,9 +127,7 @@ class SFTDataset(FollowsEpoch, JsonlRecords, Dataset[tuple[torch.Tensor, torch.T
     ) -> None:
         if max_length < 1:
             raise ValueError(f"max_length must be >= 1, got {max_length}")
-        for name, ratio in (("add_system_ratio", add_system_ratio), ("empty_think_ratio", empty_think_ratio)):
-            if not 0.0 <= ratio <= 1.0:
-                raise ValueError(f"{name} must be in [0, 1], got {ratio}")
+        check_ratios(add_system_ratio=add_system_ratio, empty_think_ratio=empty_think_ratio)
         super().__init__(data_path, check_sft_record, cache_dir)
         self.tokenizer = tokenizer
         self.max_length = max_length
@@ -171,6 +169,13 @@ class SFTDataset(FollowsEpoch, JsonlRecords, Dataset[tuple[torch.Tensor, torch.T
         ids += [PAD_ID] * (self.max_length - len(ids))
         labels = minimind_labels(ids, self.answer_start, self.answer_end, self.max_length)
         return torch.tensor(ids, dtype=torch.long), torch.tensor(labels, dtype=torch.long)
+
+
+def check_ratios(**ratios: float) -> None:
+    """Raise ValueError naming the first of ``ratios`` (probabilities) outside [0, 1]."""
+    for name, ratio in ratios.items():
+        if not 0.0 <= ratio <= 1.0:
+            raise ValueError(f"{name} must be in [0, 1], got {ratio}")
 
 
 def augment(conversations: list[dict[str, Any]], add_system: bool, system_prompt: str) -> list[dict[str, Any]]:
