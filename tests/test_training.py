@@ -20,7 +20,16 @@ from lit_minimind.checkpoint.names import (
     TEACHER_KEY,
 )
 from lit_minimind.model.module import minimind_lr
-from tests.helpers.runs import MINIMIND, ROOT, assert_resumed, cli_env, need_shared, run_cli, tiny_args
+from tests.helpers.runs import (
+    MINIMIND,
+    ROOT,
+    assert_resumed,
+    assert_same_weights,
+    cli_env,
+    need_shared,
+    run_cli,
+    tiny_args,
+)
 
 
 def test_lr_rule_matches_formula_and_warmup() -> None:
@@ -108,12 +117,26 @@ def test_missing_tokenizer_and_checkpoint_are_clear_errors(tmp_path: Path) -> No
     assert run.returncode == 2 and "nope.ckpt: no such checkpoint file" in run.stderr
 
 
-def test_ckpt_path_last_without_checkpoint_starts_fresh_with_warning(tmp_path: Path) -> None:
+def test_ckpt_path_last_without_checkpoint_starts_fresh_and_a_resume_draws_no_initial_weights(tmp_path: Path) -> None:
+    """``--ckpt_path`` builds the model without its random initialisation (the checkpoint overwrites every
+    weight); when no checkpoint is found the model is initialised as without the flag, bit for bit."""
     need_shared()
-    run = run_cli(tmp_path, tiny_args() + ["--ckpt_path", "last"])
+    probe = ["--trainer.callbacks+=tests.helpers.init_draws.InitDraws"]
+    drew = lambda d: json.loads((d / "init_draws.json").read_text())["drew"]  # noqa: E731
+    plain, last = tmp_path / "plain", tmp_path / "last"
+    plain.mkdir(), last.mkdir()
+    run = run_cli(plain, tiny_args(*probe, "--trainer.max_steps", "2", save_interval=4))  # saved after batch 4
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert drew(plain)  # the probe can tell: a plain start draws its initial weights
+    run = run_cli(last, tiny_args(*probe, "--trainer.max_steps", "2", "--ckpt_path", "last", save_interval=4))
     assert run.returncode == 0, run.stderr[-3000:]
     assert "no checkpoint for pretrain_64 in checkpoints/ yet; starting fresh" in run.stderr
-    assert sorted(run.steps)[0] == (1, 1)
+    assert sorted(run.steps)[0] == (1, 1) and drew(last)
+    assert_same_weights(plain, last)  # initialised as without --ckpt_path
+    run = run_cli(plain, tiny_args(*probe, "--trainer.max_steps", "3", "--ckpt_path", "last", save_interval=4))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert_resumed(run, 1, 5)
+    assert not drew(plain)  # no initial weights drawn for a resume
 
 
 @pytest.mark.parametrize("preset", sorted(p.name for p in (ROOT / "conf").glob("*.yaml")))

@@ -245,6 +245,18 @@ class ResumeCallback(ModelCheckpoint):
         self._start = (chosen, start)
         return chosen
 
+    def restores_every_weight(self, trainer: L.Trainer, pl_module: L.LightningModule) -> bool:
+        """Whether the start :meth:`choose` chose overwrites every weight of ``pl_module`` and this rank's random
+        generators, so that the model's random initialisation may be skipped: a checkpoint, loaded strictly (not
+        LoRA's adapters alone), that holds this rank's RNG state (on global rank 0, which read it: ours, not an
+        original MiniMind file; another rank reseeds its generators at setup anyway)."""
+        if self._chosen_here is None or not pl_module.strict_loading:
+            return False
+        if not trainer.is_global_zero:
+            return True
+        ckpt = self._start[1] if self._start is not None else {}
+        return rank_rng_state(ckpt.get(TRAINING_STATE_KEY) or {}, 0) is not None
+
     def _find_last_checkpoints(self, trainer: L.Trainer) -> set[str]:
         """What ``ckpt_path="last"`` means with this callback (:meth:`choose`).
 

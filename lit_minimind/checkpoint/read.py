@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -101,8 +102,6 @@ def harmful_imports(pickle_bytes: bytes) -> list[str]:
 
 def _pickle_of(path: Path) -> bytes:
     """The main pickle of a torch.save file (``data.pkl`` in its zip), or the file itself."""
-    import zipfile
-
     try:
         with zipfile.ZipFile(path) as archive:
             name = next(n for n in archive.namelist() if n.endswith("/data.pkl") or n == "data.pkl")
@@ -127,7 +126,9 @@ def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     elif not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
     try:
-        obj = torch.load(path, map_location=map_location, weights_only=True)
+        # mapped, not copied: the tensors are the page cache's until a load_state_dict copies them (MAP_PRIVATE: a
+        # write to one never reaches the file); torch's legacy (pre-zip) format cannot be mapped
+        obj = torch.load(path, map_location=map_location, weights_only=True, mmap=zipfile.is_zipfile(path))
     except pickle.UnpicklingError as err:
         text = str(err)
         harmful = harmful_imports(_pickle_of(path))

@@ -9,6 +9,7 @@ LightningCLI's (``--model.*``, ``--data.*``, ``--trainer.*``, ``--config``) plus
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import os
@@ -40,6 +41,7 @@ from lit_minimind.cli.stage import apply_stage_defaults
 from lit_minimind.cli.validate import parse_error_line, validate
 from lit_minimind.data.datamodule import MiniMindDataModule
 from lit_minimind.errors import CheckpointError, DataError, UsageError
+from lit_minimind.model.minimind import SkipWeightInit
 from lit_minimind.model.module import LitMiniMind
 
 
@@ -111,13 +113,27 @@ class MiniMindCLI(LightningCLI):
 
     def instantiate_classes(self) -> None:
         one_line_warnings()  # from here on the project's own warnings may come (checkpoints, resume)
+        # a resume overwrites every weight: they are built uninitialised, drawing nothing (initialise_weights)
+        self.rng_before_model = torch.get_rng_state()
+        self.weights_uninitialised = bool(self.config.get("ckpt_path"))
         try:
-            super().instantiate_classes()
+            with SkipWeightInit() if self.weights_uninitialised else contextlib.nullcontext():
+                super().instantiate_classes()
         except (ValueError, TypeError, MisconfigurationException) as err:  # a value the classes refuse: a user error
             if isinstance(err, (DataError, UsageError)):
                 raise
             raise UsageError(str(err).strip().splitlines()[0]) from None
         hide_limit_line_after_a_stop(next((cb for cb in self.trainer.callbacks if isinstance(cb, ResumeCallback)), None))
+
+    def initialise_weights(self, restored: bool) -> None:
+        """The model's random initialisation, skipped at instantiation for ``--ckpt_path``, unless the start
+        overwrites every weight (``restored``): the model is built again from the generator's state before it,
+        exactly as without ``--ckpt_path`` (no checkpoint found, LoRA's base, an original MiniMind file)."""
+        if self.weights_uninitialised and not restored:
+            torch.set_rng_state(self.rng_before_model)
+            init_args = {k: v for k, v in self.model.hparams.items() if not k.startswith("_")}  # not LightningCLI's
+            self.model = type(self.model)(**init_args)
+        self.weights_uninitialised = False
 
 
 class LimitLineAfterAStop(logging.Filter):
@@ -271,6 +287,7 @@ def run_fit(args: list[str] | None) -> int:
         check_run_dirs(cli.trainer, cli.model, resume, fresh=not cli.config.get("ckpt_path"))
         # what trainer.fit(ckpt_path="last") would choose, chosen here: --from_weight depends on it
         ckpt_path = resume.choose(cli.trainer, cli.model, cli.config.get("ckpt_path"))
+        cli.initialise_weights(restored=resume.restores_every_weight(cli.trainer, cli.model))
         start = weight_path(cli.config.get("from_weight"), resume.out_dir, cli.model.config.hidden_size,
                             cli.model.config.use_moe)
         if start is not None and (ckpt_path is None or cli.model.needs_start_weights):

@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 __all__ = [
     "MiniMindConfig",
@@ -30,6 +31,7 @@ __all__ = [
     "precompute_rope",
     "apply_rotary_pos_emb",
     "repeat_kv",
+    "SkipWeightInit",
 ]
 
 KVCache = Tuple[torch.Tensor, torch.Tensor]
@@ -464,6 +466,21 @@ def sample_tokens(model: MiniMindForCausalLM, input_ids: torch.Tensor, max_new_t
                 return
             ids = torch.cat([ids, next_token.to(ids.dtype)], dim=-1)
         yield token
+
+
+class SkipWeightInit(TorchFunctionMode):
+    """Inside it, ``torch.nn.init``'s functions leave their tensor as it is (``torch.empty``'s memory) and draw no
+    random number: for a model whose every weight a checkpoint is about to overwrite. Buffers and
+    parameters set without ``torch.nn.init`` (RoPE tables, metric states) are built as usual.
+
+    Written here because Lightning's equivalent is private (``Trainer.init_module(empty_init=True)`` needs a
+    Trainer, which LightningCLI builds after the model)."""
+
+    def __torch_function__(self, func: Callable, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return kwargs["tensor"] if "tensor" in kwargs else args[0]
+        return func(*args, **kwargs)
 
 
 class MiniMindForCausalLM(nn.Module):
