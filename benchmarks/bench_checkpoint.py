@@ -32,8 +32,7 @@ NAME = "checkpoint"
 TARGET_BYTES_RATIO, TARGET_STALL_RATIO, TARGET_SLOWDOWN, SAVE_INTERVAL = 1.4, 0.2, 0.01, 1000
 FULL_SIZES, QUICK_SIZES = [(512, 8), (768, 8)], [(64, 2)]
 PROFILE_BUCKETS = {  # cProfile entries (a substring of file:function) -> where that time went
-    "crc32 (checksumming writer)": ("zlib.crc32",),
-    "fsync (data, manifests, directory)": ("posix.fsync",),
+    "crc32 (checksumming writer)": ("zlib.crc32",), "fsync (data, manifests, directory)": ("posix.fsync",),
     "os.replace / link over the previous file": ("posix.replace", "posix.link"),
     "write() into the page cache": ("'write' of '_io.BufferedWriter'", "'write' of '_io.TextIOWrapper'"),
     "torch.save serialization": ("write_record", "write_end_of_file", "PyTorchFileWriter", "'dump' of '_pickle",
@@ -44,8 +43,7 @@ PROFILE_BUCKETS = {  # cProfile entries (a substring of file:function) -> where 
 
 
 def rss_reset() -> int:
-    """Freed heap back to the OS (so a save's growth shows), the peak RSS reset to the current RSS (``clear_refs``);
-    returns the current RSS in bytes."""
+    """Freed heap back to the OS, the peak RSS reset to the current RSS (``clear_refs``): that RSS in bytes."""
     gc.collect()
     ctypes.CDLL("libc.so.6").malloc_trim(0)
     with open("/proc/self/clear_refs", "w") as f:
@@ -54,7 +52,7 @@ def rss_reset() -> int:
 
 
 def hwm() -> int:
-    return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+    return bc.proc_field("status", "VmHWM") * 1024
 
 
 def thread_usage() -> tuple[float, float, int]:

@@ -35,10 +35,6 @@ def cpu_s() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def rss_mib(field: str) -> float:
-    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(field + ":")) / 1024
-
-
 def probe(mode: str, data: str, cache: str, tokenizer: str, workers: int = 0, batches: int = 0) -> dict[str, Any]:
     """One measurement in this (fresh) process, after its imports: ``minimind`` (``load_dataset``), ``setup`` or
     ``loader`` (``setup`` then ``batches`` of the train dataloader)."""
@@ -55,10 +51,10 @@ def probe(mode: str, data: str, cache: str, tokenizer: str, workers: int = 0, ba
         dm = MiniMindDataModule(data_path=data, tokenizer_path=tokenizer, cache_dir=cache, max_seq_len=340,
                                 batch_size=32, num_workers=workers)
         setup = lambda: dm.setup("fit") or len(dm.train_dataset)
-    before, cpu, start = rss_mib("VmRSS"), cpu_s(), time.perf_counter()
+    before, cpu, start = bc.proc_field("status", "VmRSS"), cpu_s(), time.perf_counter()
     records = setup()
     out: dict[str, Any] = {"setup_s": time.perf_counter() - start, "cpu_s": cpu_s() - cpu, "records": records,
-                           "peak_rss_mib": rss_mib("VmHWM") - before}
+                           "peak_rss_mib": (bc.proc_field("status", "VmHWM") - before) / 1024}
     if mode == "loader":
         it = iter(dm.train_dataloader())
         next(it)  # worker start-up and the first batch outside the timed window

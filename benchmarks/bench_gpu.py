@@ -1,15 +1,12 @@
 """GPU benchmark (make bench-gpu): throughput and MFU, exact kill-and-resume, determinism, save stall.
 
-One prepared script for one CUDA GPU: an 8-minute deadline (what is not done by then is reported as not run, exit 1),
-each child at most 120 s; MiniMind's pretraining shape (768x8, seq 340, batch 32, bf16-mixed) on long synthetic texts.
-(a) tokens/s and MFU (6 x params x tokens/s / the dense bf16 peak) of the CLI with :class:`benchmarks.probes.Probe`
-vs :func:`benchmarks.probes.plain_loop` and vs ``--trainer.deterministic false`` (``bench_overhead.compare``);
-(b) kill + resume bit for bit, bf16-mixed and 16-mixed: a run that SIGKILLs itself once its first save is written
-(``Probe(kill_after_commit=True)``), resumed with ``--ckpt_path last``, against an uninterrupted one (export,
-``state_dict``, optimizer, scaler, data position, console lines); (c) two uninterrupted runs, and async vs
-``--resume.async_save false``, bit for bit; (d) the loop's wait per save (``ResumeCallback.save_seconds``, the device
-synchronized before it) and the timed window's excess per save. ``--quick``: a CPU smoke test (tiny model, 32-true,
-``CPUFloat16Mixed`` for 16-mixed; ``gpu_quick.json``, ``gpu_results: false``). No CUDA without ``--quick``: exit 2.
+One prepared script for one CUDA GPU (benchmarks/README.md has the details): an 8-minute deadline (what is not done by
+then is reported as not run, exit 1), each child at most 120 s, MiniMind's pretraining shape (768x8, seq 340, batch
+32, bf16-mixed). (a) tokens/s and MFU (6 x params x tokens/s / the dense bf16 peak) of the CLI vs the plain loop and
+vs ``--trainer.deterministic false``; (b) a run SIGKILLed once its first save is written, resumed with ``--ckpt_path
+last``, against an uninterrupted one, bit for bit (bf16-mixed, 16-mixed); (c) two uninterrupted runs, and async vs
+sync save, bit for bit; (d) the loop's wait per save. ``--quick``: a CPU smoke test (``gpu_quick.json``). No CUDA
+without ``--quick``: exit 2.
 """
 
 from __future__ import annotations
@@ -30,6 +27,7 @@ ARGS = [(["--peak-tflops"], {"type": float, "default": None, "help": "the device
 PEAK_BF16_FLOPS = [("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("H200", 989e12), ("A100", 312e12)]
 NO_GPU = ("bench_gpu: no CUDA device (torch.cuda.is_available() is False); this benchmark needs one GPU "
           "(python -m benchmarks.bench_gpu --quick is its CPU smoke test)")
+RUNS = ["main", "main_again", "main_kill", "fp16", "fp16_kill", "main_sync_save"]  # what the deadline cuts: last
 
 
 @dataclass
@@ -85,14 +83,12 @@ def bitwise_equal(a: Any, b: Any) -> bool:
 
 def compare_runs(a: dict[str, Any], b: dict[str, Any], stem: str) -> dict[str, Any]:
     """Export, resume checkpoint (``state_dict``, optimizer, GradScaler, data position, global step) and the console
-    lines both printed of two runs."""
+    lines both printed of two runs; a run killed and resumed (``killed``): where it was killed and resumed."""
     import torch
 
-    load = lambda r, sub, name: torch.load(r["dir"] / sub / name, map_location="cpu", weights_only=True)
-    ea, eb = (load(r, "out", f"{stem}.pth") for r in (a, b))
-    ra, rb = (load(r, "checkpoints", f"{stem}_resume.pth") for r in (a, b))
-    sa, sb = ra["state_dict"], rb["state_dict"]
-    common = sorted(set(a["lines"]) & set(b["lines"]))
+    load = lambda r, name: torch.load(r["dir"] / name, map_location="cpu", weights_only=True)
+    (ea, ra), (eb, rb) = ((load(r, f"out/{stem}.pth"), load(r, f"checkpoints/{stem}_resume.pth")) for r in (a, b))
+    sa, sb, common = ra["state_dict"], rb["state_dict"], sorted(set(a["lines"]) & set(b["lines"]))
     diffs = [float((x.float() - sb[k].float()).abs().max()) for k, x in sa.items()
              if x.is_floating_point() and x.numel() and k in sb and x.shape == sb[k].shape]
     out = {"export_equal": bitwise_equal(ea, eb), "state_dict_equal": bitwise_equal(sa, sb),
@@ -103,11 +99,16 @@ def compare_runs(a: dict[str, Any], b: dict[str, Any], stem: str) -> dict[str, A
            "console_lines_equal": all(a["lines"][k] == b["lines"][k] for k in common), "tensors": len(sa)}
     out["identical"] = all(out[k] for k in out if k.endswith("_equal")) and len(common) > 0 \
         and out["global_step"][0] == out["global_step"][1]
+    if "killed" in b:
+        m = re.search(r"_s(\d+)_g(\d+)", bc.event(b["killed"], "committed")["path"])
+        steps = {run: [int(key.split(":")[1]) for key in b[run]["lines"]] for run in ("killed", "resumed")}
+        out.update(killed_after_save_at_step=int(m[2]) if m else None,
+                   killed_at_last_console_step=max(steps["killed"], default=0),
+                   resumed_first_console_step=min(steps["resumed"], default=None))
     return out
 
 
-def throughput_phase(spec: Spec, data: Path, tok: Path, reps: int, peak: float | None) -> dict[str, Any]:
-    cfg = spec.cfg
+def throughput_phase(cfg: Config, data: Path, tok: Path, reps: int, peak: float | None) -> dict[str, Any]:
     runs = compare(cfg, ["plain", "port", "port_nondeterministic"], data, tok, reps, warmup=False,
                    label="a: throughput", timeout=child_timeout)
     params, sides = runs["port"][0]["params"], {}
@@ -125,6 +126,8 @@ def throughput_phase(spec: Spec, data: Path, tok: Path, reps: int, peak: float |
 
 
 def exactness_phase(spec: Spec, data: Path, tok: Path, work: Path) -> dict[str, Any]:
+    """The :data:`RUNS` of (b)-(d), ``spec.jobs`` at once; a failed or timed-out one (the deadline included) is
+    reported as ``error``."""
     from lit_minimind.checkpoint.names import checkpoint_stem
 
     cfg, stem = spec.cfg, checkpoint_stem("pretrain", spec.cfg.hidden_size, False)
@@ -133,8 +136,9 @@ def exactness_phase(spec: Spec, data: Path, tok: Path, work: Path) -> dict[str, 
              "trainer.accelerator": cfg.accelerator, "trainer.max_steps": spec.resume_steps,
              "log_interval": spec.resume_log_interval, "resume.save_interval": spec.save_interval}
 
-    def cli(name: str, precision: list[str], *extra: str, kill: bool = False) -> dict[str, Any]:
+    def cli(name: str, *extra: str, kill: bool = False) -> dict[str, Any]:
         probe = bc.probe(warmup=cfg.warmup_batches, sync_every=spec.save_interval, kill_after_commit=kill)
+        precision = fp16 if name.startswith("fp16") else main
         cmd = bc.fit_cmd(work / name, data, tok, cfg.shape, flags, *precision, *extra, *probe)
         run = bc.launch(cmd, work / name, timeout=child_timeout(), check=not kill)
         if kill and not (bc.event(run, "committed") and run["returncode"] == -9):
@@ -144,12 +148,11 @@ def exactness_phase(spec: Spec, data: Path, tok: Path, work: Path) -> dict[str, 
 
     def task(name: str) -> dict[str, Any]:
         """One run; ``*_kill``: one killed after its first save, then resumed with ``--ckpt_path last``."""
-        precision = fp16 if name.startswith("fp16") else main
         try:
             if not name.endswith("_kill"):
-                return cli(name, precision, *(["--resume.async_save", "false"] if name == "main_sync_save" else []))
-            killed, resumed = cli(name, precision, kill=True), cli(name, precision, "--ckpt_path", "last")
-        except RuntimeError as err:  # a failed or timed-out child, the deadline included
+                return cli(name, *(["--resume.async_save", "false"] if name == "main_sync_save" else []))
+            killed, resumed = cli(name, kill=True), cli(name, "--ckpt_path", "last")
+        except RuntimeError as err:
             return {"error": str(err).splitlines()[0][:500], "wall_s": 0.0}
         lines = dict(killed["lines"])  # steps trained again after the resume must print the same line
         for key, value in resumed["lines"].items():
@@ -157,9 +160,8 @@ def exactness_phase(spec: Spec, data: Path, tok: Path, work: Path) -> dict[str, 
         return {"dir": work / name, "killed": killed, "resumed": resumed, "lines": lines,
                 "wall_s": killed["wall_s"] + resumed["wall_s"]}
 
-    names = ["main", "main_again", "main_kill", "fp16", "fp16_kill", "main_sync_save"]  # what the deadline cuts: last
     with ThreadPoolExecutor(max_workers=spec.jobs) as pool:
-        done = dict(zip(names, pool.map(task, names)))
+        done = dict(zip(RUNS, pool.map(task, RUNS)))
     for name, r in done.items():
         bc.say(f"  [b-d: exactness, stall] {name}: "
                + (f"FAILED: {r['error']}" if "error" in r else f"done in {r['wall_s']:.0f} s"))
@@ -167,15 +169,7 @@ def exactness_phase(spec: Spec, data: Path, tok: Path, work: Path) -> dict[str, 
     def compared(ref: str, other: str) -> dict[str, Any]:
         if errors := [f"{n}: {done[n]['error']}" for n in (ref, other) if "error" in done[n]]:
             return {"identical": False, "error": "; ".join(errors)}
-        out = compare_runs(done[ref], done[other], stem)
-        if other.endswith("_kill"):
-            k = done[other]
-            m = re.search(r"_s(\d+)_g(\d+)", bc.event(k["killed"], "committed")["path"])
-            steps = {run: [int(key.split(":")[1]) for key in k[run]["lines"]] for run in ("killed", "resumed")}
-            out.update(killed_after_save_at_step=int(m[2]) if m else None,
-                       killed_at_last_console_step=max(steps["killed"], default=0),
-                       resumed_first_console_step=min(steps["resumed"], default=None))
-        return out
+        return compare_runs(done[ref], done[other], stem)
 
     ckpts = sorted((work / "main" / "checkpoints").glob(f"{stem}_e*.ckpt"))
     export = work / "main" / "out" / f"{stem}.pth"
@@ -192,8 +186,7 @@ def exactness_phase(spec: Spec, data: Path, tok: Path, work: Path) -> dict[str, 
 
 
 def stall_summary(stall: dict[str, Any], base_s: float, warmup: int, save_interval: int) -> dict[str, Any]:
-    """Per save mode: the loop held in each save inside the timed window, and the window's excess over no-save
-    batches."""
+    """Per save mode: the loop held in each save inside the timed window, the window's excess over no-save batches."""
     out: dict[str, Any] = {}
     for mode, names in (("async", ("main", "main_again")), ("sync", ("main_sync_save",))):
         held, excess = [], []
@@ -226,8 +219,7 @@ def render(payload: dict[str, Any]) -> str:
         out += [f"(a) throughput, {a['config']['name']}, {a['params'] / 1e6:.1f}M params, batch "
                 f"{a['config']['batch_size']}x{a['config']['max_seq_len']}, on {a['device']} (dense bf16 peak {peak})",
                 bc.table(["side", "tok/s med (min–max)", "ms / micro-batch", "MFU (6N)", "÷ plain", "peak GPU GiB"],
-                         rows),
-                f"Δ last loss port vs plain {a['last_loss_diff_port_plain']:.1e}", ""]
+                         rows), f"Δ last loss port vs plain {a['last_loss_diff_port_plain']:.1e}", ""]
     checks = [(f"(b) kill + resume --ckpt_path last, {label}", r) for label, r in ex["resume"].items()]
     checks += [("(c) two uninterrupted runs, default deterministic", ex["determinism"]["two_uninterrupted_runs"]),
                ("(c) async vs --resume.async_save false", ex["determinism"]["async_vs_sync_save"])]
@@ -257,11 +249,10 @@ def render(payload: dict[str, Any]) -> str:
 def run(quick: bool = False, reps: int | None = None, peak_tflops: float | None = None) -> dict[str, Any]:
     import torch
 
-    cuda = torch.cuda.is_available()
-    if not cuda and not quick:
+    if not (cuda := torch.cuda.is_available()) and not quick:
         raise bc.BenchError(NO_GPU)
-    spec = QUICK if quick else GPU
-    reps, start = reps or spec.reps, time.perf_counter()
+    spec, start = QUICK if quick else GPU, time.perf_counter()
+    reps = reps or spec.reps
     DEADLINE.update(at=time.monotonic() + spec.deadline_s, child_s=spec.child_timeout_s)
     _, tok = bc.default_data()
     data = bc.synthetic_jsonl(spec.lines, 2400, 3000, seed=7)
@@ -270,23 +261,23 @@ def run(quick: bool = False, reps: int | None = None, peak_tflops: float | None 
     a, errors = None, []
     with bc.workdir("gpu") as work:
         try:
-            a = throughput_phase(spec, data, tok, reps, None if quick else peak_flops(device, peak_tflops))
+            a = throughput_phase(spec.cfg, data, tok, reps, None if quick else peak_flops(device, peak_tflops))
         except (RuntimeError, AssertionError) as err:  # a failed or timed-out child: (b)-(d) still run
             errors.append(f"(a) throughput: {str(err).splitlines()[0][:500]}")
         ex = exactness_phase(spec, data, tok, work)
     base = a["sides"]["port"]["ms_per_batch"] / 1000 if a is not None else None
+    checks = [*ex["resume"].values(), *(ex["determinism"][k] for k in ("two_uninterrupted_runs", "async_vs_sync_save"))]
+    identical = not errors and all(r["identical"] for r in checks)
     payload = {"results_file": "gpu_quick" if quick else "gpu", "gpu_results": not quick, "reps": reps,
                "cuda": torch.version.cuda, "device": device, "data": bc.rel(data), "tokenizer": bc.rel(tok),
                "spec": asdict(spec), "throughput": a, "exactness": ex,
                "base_ms_per_batch": 1000 * base if base else None,
                "save_stall": base and stall_summary(ex["stall"], base, spec.cfg.warmup_batches, spec.save_interval),
-               "wall_s": time.perf_counter() - start, "errors": errors}
-    payload["all_identical"] = not errors and all(r["identical"] for r in ex["resume"].values()) and all(
-        ex["determinism"][k]["identical"] for k in ("two_uninterrupted_runs", "async_vs_sync_save"))
-    payload["exit_status"] = 0 if payload["all_identical"] else 1
+               "wall_s": time.perf_counter() - start, "errors": errors, "all_identical": identical,
+               "exit_status": 0 if identical else 1}
     payload["table"] = render(payload)
     payload["verdict"] = (f"{'quick CPU smoke test' if quick else 'GPU benchmark'}: {payload['wall_s']:.0f} s; every "
-                          f"bit-for-bit check {'passed' if payload['all_identical'] else 'did NOT pass'}")
+                          f"bit-for-bit check {'passed' if identical else 'did NOT pass'}")
     return payload
 
 

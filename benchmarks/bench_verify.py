@@ -72,34 +72,30 @@ VARIANTS = {"read only": lambda p: readinto_crc32(p, crc=False), BASELINE: readi
 CACHES = {"hot": list(VARIANTS), "cold": ["read only", BASELINE, "read + zlib.crc32", OURS]}
 
 
-def drop_cache(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    os.close(fd)
+def timed(name: str, path: Path, cold: bool) -> float:
+    """Seconds of one variant; ``cold``: the file dropped from the page cache first."""
+    if cold:
+        fd = os.open(path, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    return timeit.timeit(lambda: VARIANTS[name](path), number=1)
 
 
 def bytes_read(path: Path) -> int | None:
     """Bytes the process read (``rchar`` of ``/proc/self/io``) while ``verify_file`` ran; None where unavailable."""
     if not os.path.exists("/proc/self/io"):
         return None
-    rchar = lambda: next(int(line.split()[1]) for line in open("/proc/self/io") if line.startswith("rchar:"))
-    before = rchar()
+    before = bc.proc_field("io", "rchar")
     verify_file(path)
-    return rchar() - before
+    return bc.proc_field("io", "rchar") - before
 
 
 def measure(path: Path, size: int, reps: int) -> dict[str, Any]:
     for fn in VARIANTS.values():  # warm-up, and the file in the page cache
         fn(path)
     results = {}
-    for cache, names in CACHES.items():
-
-        def timed(name: str) -> float:
-            if cache == "cold":
-                drop_cache(path)
-            return timeit.timeit(lambda: VARIANTS[name](path), number=1)
-
-        runs = bc.rotated(names, reps, timed)  # speed > 1: faster than the baseline, within a repetition
+    for cache, names in CACHES.items():  # speed > 1: faster than the baseline, within a repetition
+        runs = bc.rotated(names, reps, lambda name: timed(name, path, cache == "cold"))
         results[cache] = {name: {"s": bc.stats(v), "gb_per_s": bc.stats([size / s / 1e9 for s in v]),
                                  "speed_vs_baseline": bc.ratios(runs[BASELINE], v)} for name, v in runs.items()}
     return {"results": results, "baseline": BASELINE,

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import importlib
 import json
 import os
 import platform
@@ -87,6 +86,12 @@ def synthetic_jsonl(records: int, min_chars: int, max_chars: int, seed: int = 12
             f.write("".join(json.dumps({"text": soup[s:s + n]}, ensure_ascii=False) + "\n"
                             for s, n in zip(starts[first:first + 20_000], lengths[first:first + 20_000])))
     return path
+
+
+def proc_field(name: str, field: str) -> int:
+    """The number of ``field`` in ``/proc/self/<name>`` (``status``: kB, ``io``: bytes)."""
+    with open(f"/proc/self/{name}") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
 
 
 def stats(values: Sequence[Any], key: str | None = None) -> dict[str, Any]:
@@ -186,15 +191,16 @@ def chart(path: Path, *panels: tuple, width: float = 10) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")  # no display
-    plt = importlib.import_module("matplotlib.pyplot")
-    segments = lambda rows: list(dict.fromkeys(k for _, v, _ in rows if isinstance(v, dict) and "median" not in v
-                                               for k in v))
+    import matplotlib.pyplot as plt
+
+    stacked = lambda v: isinstance(v, dict) and "median" not in v
+    segments = lambda rows: list(dict.fromkeys(k for _, v, _ in rows if stacked(v) for k in v))
     height = 1.2 + max(0.3 * len(p[2]) + 0.12 * len(segments(p[2])) for p in panels)
     fig, axes = plt.subplots(1, len(panels), figsize=(width, height), squeeze=False)
     for ax, (title, xlabel, rows) in zip(axes[0], panels):
         names = segments(rows)
         for y, (_, value, extra) in enumerate(rows):
-            if isinstance(value, dict) and "median" not in value:
+            if stacked(value):
                 for k, v in value.items():
                     ax.barh(y, v, left=extra, color=f"C{names.index(k) % 10}")
                     extra += v

@@ -9,6 +9,7 @@ the process group is SIGKILLed) and ``end`` (every batch's ``marks``, the saves,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -50,6 +51,18 @@ class Marks:
         model.register_forward_hook(lambda *_: self.mark("forward]"))
         optimizer.register_step_post_hook(lambda *_: self.mark("step]"))
 
+    def end(self, model: torch.nn.Module, loader: Any, data_batches: int, **info: Any) -> None:
+        """The ``end`` event: the marks, :func:`data_ms` over ``loader`` (``data_batches`` > 0), the device's facts."""
+        cuda, loader_ms = torch.cuda.is_available() and torch.cuda.is_initialized(), None
+        if data_batches:
+            loader_ms = data_ms(loader, data_batches)
+        emit("end", marks=self.batches[:-1], ends=self.ends, data_ms=loader_ms,
+             params=int(sum(p.numel() for p in model.parameters())),
+             device=torch.cuda.get_device_name() if cuda else (platform.processor() or platform.machine()),
+             peak_memory_bytes=int(torch.cuda.max_memory_allocated()) if cuda else None,
+             deterministic=torch.are_deterministic_algorithms_enabled(),
+             deterministic_warn_only=torch.is_deterministic_algorithms_warn_only_enabled(), **info)
+
 
 def data_ms(loader: Any, batches: int) -> float | None:
     """ms per batch of ``next()`` on a fresh iterator of ``loader`` after its first batch (the data work, alone)."""
@@ -59,15 +72,6 @@ def data_ms(loader: Any, batches: int) -> float | None:
     for n, _ in zip(range(1, batches + 1), it):
         pass
     return 1000 * (time.perf_counter() - start) / n if n else None
-
-
-def facts(model: torch.nn.Module) -> dict[str, Any]:
-    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-    return {"params": int(sum(p.numel() for p in model.parameters())),
-            "device": torch.cuda.get_device_name() if cuda else (platform.processor() or platform.machine()),
-            "peak_memory_bytes": int(torch.cuda.max_memory_allocated()) if cuda else None,
-            "deterministic": torch.are_deterministic_algorithms_enabled(),
-            "deterministic_warn_only": torch.is_deterministic_algorithms_warn_only_enabled()}
 
 
 class Probe(L.Callback):
@@ -140,10 +144,9 @@ class Probe(L.Callback):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.saved(trainer)
-        loader_ms = data_ms(trainer.train_dataloader, self.data_batches) if self.data_batches else None
-        emit("end", marks=self.marks.batches[:-1], ends=self.marks.ends, saves=self.saves, data_ms=loader_ms,
-             last_loss=float(pl_module.last_stats["loss"]), tokens_per_batch=self.tokens,
-             global_step=trainer.global_step, precision=str(trainer.precision), **facts(pl_module.model))
+        self.marks.end(pl_module.model, trainer.train_dataloader, self.data_batches, saves=self.saves,
+                       last_loss=float(pl_module.last_stats["loss"]), tokens_per_batch=self.tokens,
+                       global_step=trainer.global_step, precision=str(trainer.precision))
 
 
 def plain_loop(cfg: dict[str, Any]) -> None:
@@ -151,8 +154,6 @@ def plain_loop(cfg: dict[str, Any]) -> None:
     permutation), AdamW (weight decay 0.01), LR rule (cosine per micro-batch), accumulation (loss / N), clipping (1.0)
     and console line as the port; ``precision`` ``32-true`` or ``bf16-mixed`` (autocast around forward and loss);
     deterministic algorithms, as the port's default. Stamps the :class:`Marks` :class:`Probe` does."""
-    import contextlib
-
     from torch.utils.data import DataLoader
 
     from lit_minimind.callbacks.console import format_minimind_line
@@ -163,19 +164,17 @@ def plain_loop(cfg: dict[str, Any]) -> None:
     from lit_minimind.model.module import minimind_lr
 
     emit("init")
-    batches, accumulate, log = cfg["batches"], cfg["accumulate"], cfg["log_interval"]
-    device = "cuda" if cfg["accelerator"] == "gpu" else "cpu"
-    cuda = device == "cuda"
+    batches, accumulate, device = cfg["batches"], cfg["accumulate"], "cuda" if cfg["accelerator"] == "gpu" else "cpu"
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # as the port's default Trainer(deterministic=True)
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     torch.manual_seed(42)
-    config = MiniMindConfig(hidden_size=cfg["hidden_size"], num_hidden_layers=cfg["num_hidden_layers"])
-    model = MiniMindForCausalLM(config).to(device)
+    model = MiniMindForCausalLM(MiniMindConfig(hidden_size=cfg["hidden_size"],
+                                               num_hidden_layers=cfg["num_hidden_layers"])).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg["learning_rate"], weight_decay=0.01)
     dataset = PretrainDataset(cfg["data"], load_tokenizer(cfg["tokenizer"]), max_length=cfg["max_seq_len"])
     loader = DataLoader(dataset, batch_sampler=SkipBatchSampler(epoch_permutation(len(dataset), 0), cfg["batch_size"]),
-                        num_workers=cfg["num_workers"], pin_memory=cuda)
+                        num_workers=cfg["num_workers"], pin_memory=device == "cuda")
     autocast = (lambda: torch.autocast(device, dtype=torch.bfloat16)) if cfg["precision"] == "bf16-mixed" \
         else contextlib.nullcontext
     marks = Marks()
@@ -202,20 +201,19 @@ def plain_loop(cfg: dict[str, Any]) -> None:
             optimizer.step()
             marks.mark("zero_grad")
             optimizer.zero_grad(set_to_none=True)
-        if step % log == 0:
+        if step % cfg["log_interval"] == 0:
             spent = time.perf_counter() - epoch_start
             print(format_minimind_line(0, 1, step, iters, loss.item(), out.loss.item(), float(out.aux_loss), lr,
                                        spent / step * (iters - step) // 60), flush=True)
-        if cuda and step in (cfg["warmup_batches"], batches):
+        if device == "cuda" and step in (cfg["warmup_batches"], batches):
             sync()
         marks.end_batch()
         if step == 1:
             emit("batch_end", batch_idx=0)
         if step == batches:
             break
-    emit("end", marks=marks.batches[:-1], ends=marks.ends, saves=[], last_loss=float(loss.detach()),
-         tokens_per_batch=int(y.numel()), global_step=step // accumulate, precision=cfg["precision"],
-         data_ms=data_ms(loader, cfg["data_batches"]) if cfg["data_batches"] else None, **facts(model))
+    marks.end(model, loader, cfg["data_batches"], saves=[], last_loss=float(loss.detach()),
+              tokens_per_batch=int(y.numel()), global_step=step // accumulate, precision=cfg["precision"])
 
 
 if __name__ == "__main__":

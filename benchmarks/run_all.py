@@ -75,10 +75,8 @@ def summary(payloads: dict[str, dict[str, Any]]) -> str:
 
 
 def update_readme(text: str, readme: Path = README) -> bool:
-    if not readme.exists():
-        return False
-    content = readme.read_text()
-    if START not in content or END not in content:
+    """The tables between ``START`` and ``END`` in ``readme`` replaced by ``text``; False: no such markers."""
+    if not readme.exists() or START not in (content := readme.read_text()) or END not in content:
         return False
     head, rest = content.split(START, 1)
     _, tail = rest.split(END, 1)
