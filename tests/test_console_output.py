@@ -196,6 +196,7 @@ def test_an_error_line_starts_a_line_of_its_own(tmp_path: Path, where: str) -> N
 BAR_RE = re.compile(r"Epoch 1/1: +(\d+)%\|[^|\n\r]*\| +(\d+)/12 \[\d\d:\d\d<(\d\d:\d\d|\?), +[\d.?]+it/s\]")
 
 
+@pytest.mark.slow
 def test_the_bar_after_a_mid_epoch_resume_shows_epoch_total_and_eta(tmp_path: Path) -> None:
     need_shared()
     code, log = run_piped(tmp_path, tiny_args("--trainer.max_steps", "3"))  # saves after batch 6 of 12

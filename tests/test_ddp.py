@@ -62,6 +62,7 @@ def test_ddp_killed_and_resumed_on_two_and_on_one(tmp_path: Path) -> None:
     assert resume["world_size"] == 1 and resume["epoch"] == 1 and resume["step"] == 12
 
 
+@pytest.mark.slow
 def test_epoch_end_checkpoint_resumes_on_another_world_size_at_the_next_epoch(tmp_path: Path) -> None:
     """41 samples: 6 batches per rank on 2 ranks but 11 on 1: the finished epoch stays finished."""
     need_shared()

@@ -196,6 +196,7 @@ def test_kill_anywhere_dpo(tmp_path: Path, moe: bool) -> None:
     assert_same_files(ref_dir, kill_dir, [f"out/dpo_64{suffix}.pth", f"checkpoints/dpo_64{suffix}_resume.pth"])
 
 
+@pytest.mark.slow
 def test_dpo_resume_refuses_a_changed_reference_and_needs_one(tmp_path: Path) -> None:
     need_shared()
     start_from_sft(tmp_path)

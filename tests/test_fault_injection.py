@@ -19,7 +19,7 @@ from tests.helpers.runs import assert_resumed, cli_env, need_shared, run_cli, ti
 OPS = {"checkpoint": ["write", "fsync", "manifest", "rename", "dirfsync"],
        "resume": ["link", "manifest", "rename", "dirfsync"],  # a hard link: no data written
        "export": ["write", "fsync", "manifest", "rename", "dirfsync"]}
-FAST = {("write", "checkpoint", "ENOSPC"), ("rename", "resume", "EIO"), ("manifest", "export", "ENOSPC")}
+FAST = {("write", "checkpoint", "ENOSPC"), ("manifest", "export", "ENOSPC")}
 CASES = [pytest.param(op, kind, code, marks=() if (op, kind, code) in FAST else pytest.mark.slow, id=f"{op}-{kind}-{code}")
          for kind in OPS for op, code in itertools.product(OPS[kind], ["ENOSPC", "EIO"])]
 

@@ -149,6 +149,7 @@ def test_hostile_pickle_is_refused_and_never_runs(tmp_path: Path) -> None:
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_resume_with_other_model_shape_or_data_fails_naming_fields(tmp_path: Path) -> None:
     ckpt_dir, args = _partial_run(tmp_path)
     run = run_cli(tmp_path, args + ["--ckpt_path", str(next(ckpt_dir.glob("*.ckpt"))), "--model.num_hidden_layers", "3",

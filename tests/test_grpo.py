@@ -223,9 +223,8 @@ def test_minimind_grpo_argv_reproduces_its_run(tmp_path: Path, run: str) -> None
     assert resume["start_weights"]["path"] == f"out/{start}_64.pth"  # the reference: re-read and checked on resume
 
 
-@pytest.mark.parametrize("run", ["mixed_resumed", "think_resumed",
-                                 *(pytest.param(r, marks=SLOW) for r in ("cispo_resumed", "grpo_resumed",
-                                                                         "workers_resumed"))])
+@pytest.mark.parametrize("run", ["think_resumed", *(pytest.param(r, marks=SLOW) for r in (
+    "mixed_resumed", "cispo_resumed", "grpo_resumed", "workers_resumed"))])
 def test_from_resume_continues_minimind_grpo_file(tmp_path: Path, run: str) -> None:
     """MiniMind's resume file (fp16 weights, no RNG state): the port continues as MiniMind does, its stream
     seeded at the epoch's start, and samples MiniMind's resumed run's tokens."""

@@ -15,7 +15,8 @@ def sync_counts(run_dir: Path) -> dict[int, dict[str, list[str]]]:
     return {r["rank"]: r["counts"] for r in (json.loads(p.read_text()) for p in run_dir.glob("syncs_rank*.json"))}
 
 
-@pytest.mark.parametrize(("moe", "devices"), [(False, 1), (True, 1), pytest.param(False, 2, marks=pytest.mark.slow), (True, 2)])
+@pytest.mark.parametrize(("moe", "devices"), [(False, 1), (True, 1), pytest.param(False, 2, marks=pytest.mark.slow),
+                                               pytest.param(True, 2, marks=pytest.mark.slow)])
 def test_micro_batches_between_log_lines_do_not_sync(tmp_path: Path, moe: bool, devices: int) -> None:
     need_shared()
     # 12 batches per epoch (6 on 2 ranks): console line and save only at the epoch's last batch

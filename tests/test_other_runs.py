@@ -178,6 +178,7 @@ def test_a_bucket_that_does_not_exist_stops_a_fresh_run(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- log lineage
+@pytest.mark.slow
 def test_a_copy_of_a_finished_runs_checkpoints_branches_and_never_rewrites_its_logs(tmp_path: Path) -> None:
     """A finished 2-epoch run; its checkpoints copied, the newest dropped from the copy; resumed from the copy.
     The original's metrics.csv keeps every byte; the resume logs to version_1, branched from version_0,

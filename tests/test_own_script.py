@@ -55,6 +55,7 @@ def assert_same_run(ref: Run, ref_dir: Path, runs: list[Run], run_dir: Path) -> 
     assert all(torch.equal(export_a[k], export_b[k]) for k in export_a)
 
 
+@pytest.mark.slow
 def test_own_script_killed_and_rerun_resumes_exactly(tmp_path: Path) -> None:
     need_shared()
     ref = run_script(tmp_path / "ref")

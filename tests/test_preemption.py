@@ -55,6 +55,7 @@ def test_second_sigint_aborts_at_once(tmp_path: Path) -> None:
     assert not run.steps and not list((tmp_path / "checkpoints").glob("*.ckpt")), "saved or trained on"
 
 
+@pytest.mark.slow
 def test_sigterm_under_ddp_stops_all_ranks_at_the_same_step(tmp_path: Path) -> None:
     need_shared()
     args = tiny_args(epochs=2, accumulate=2, save_interval=100, devices=2)

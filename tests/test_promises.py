@@ -12,6 +12,7 @@ import torch
 from tests.helpers.runs import assert_resumed, need_shared, run_cli, tiny_args
 
 
+@pytest.mark.slow
 def test_a_max_time_stop_saves_where_it_stopped_and_resumes_there(tmp_path: Path) -> None:
     need_shared()
     args = tiny_args(epochs=40, accumulate=2, save_interval=1000)  # far longer than the time limit

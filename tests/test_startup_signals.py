@@ -21,7 +21,7 @@ import torch
 from tests.helpers.runs import assert_resumed, cli_env, need_shared, resumed_at, run_cli, tiny_args
 
 # before restore and after it (before Lightning's handlers) behave like restore itself: `make test-slow`
-PHASES = [pytest.param("setup", marks=pytest.mark.slow), "on_load_checkpoint",
+PHASES = [pytest.param("setup", marks=pytest.mark.slow), pytest.param("on_load_checkpoint", marks=pytest.mark.slow),
           pytest.param("on_fit_start", marks=pytest.mark.slow), pytest.param("train_dataloader", marks=pytest.mark.slow),
           pytest.param("on_train_batch_start", marks=pytest.mark.slow)]
 
