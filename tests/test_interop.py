@@ -20,8 +20,10 @@ def test_resume_from_original_minimind_file_reproduces_its_resumed_run(tmp_path:
     # --from_weight beside an explicit checkpoint: ignored, said so (the steps below are the resumed run's)
     weights = MINIMIND / "original_run" / f"out__pretrain_64{suffix}.pth"
     run = run_cli(tmp_path, tiny_args(epochs=1, accumulate=2, save_interval=5, moe=moe) + ["--ckpt_path", str(src),
-                                                                                          "--from_weight", str(weights)])
+                  "--from_weight", str(weights), "--trainer.callbacks+=tests.helpers.init_draws.InitDraws"])
     assert run.returncode == 0, run.stderr[-3000:]
+    # a MiniMind file holds no RNG state: the model is initialised first (its draws), as MiniMind's resume does
+    assert json.loads((tmp_path / "init_draws.json").read_text())["drew"]
     assert f"--from_weight {weights} ignored: --ckpt_path {src} is given" in run.stderr
     assert_resumed(run, 1, 6)
     expected = json.loads((MINIMIND / "original_run" / "runs.json").read_text())[f"{variant}_resumed"]["steps"]
