@@ -183,6 +183,7 @@ def test_full_disk_stops_with_clear_error_and_keeps_previous_checkpoint(tmp_path
     assert not list((tmp_path / "checkpoints").glob("*.tmp"))
 
 
+@pytest.mark.slow
 def test_read_only_checkpoint_dir_after_a_good_save_keeps_it(tmp_path: Path) -> None:
     ckpt_dir, args = _partial_run(tmp_path)
     before = {p.name: p.read_bytes() for p in ckpt_dir.iterdir()}

@@ -72,6 +72,7 @@ def test_moved_scale_is_restored(tmp_path: Path, source: str) -> None:
     assert after["scaler"]["scale"] == saved[6]["scaler"]["scale"], "the scale was not restored"
 
 
+@pytest.mark.slow
 def test_saves_wait_for_the_window_s_optimizer_step_and_a_minimind_mid_window_file_says_what_it_lacks(
         tmp_path: Path) -> None:
     """save_interval 1 under 2-batch accumulation: every save is taken at an optimizer-step boundary (no

@@ -193,6 +193,7 @@ def test_time_based_save_cadence(tmp_path: Path) -> None:
     assert steps == list(range(2, 13, 2))
 
 
+@pytest.mark.slow
 def test_stop_by_max_steps_saves_where_it_stopped(tmp_path: Path) -> None:
     need_shared()
     run_dir = tmp_path
