@@ -15,6 +15,7 @@ def load_out(run_dir: Path) -> dict:
 
 
 @pytest.mark.slow  # five 2-process runs: under a minute (make test-slow)
+@pytest.mark.compat  # and on the oldest Lightning (make test-compat)
 def test_ddp_killed_and_resumed_on_two_and_on_one(tmp_path: Path) -> None:
     need_shared()
     ddp = tiny_args(epochs=2, accumulate=2, save_interval=4, devices=2)

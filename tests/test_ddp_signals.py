@@ -12,7 +12,10 @@ import torch
 
 from tests.helpers.runs import need_shared, run_cli, tiny_args
 
-PHASES = ["setup", "on_load_checkpoint", "on_fit_start", "train_dataloader", "on_train_batch_start"]
+# make test-slow: during restore and as training starts; make test-matrix: the phases before restore and between
+# (they behave like restore itself, as in test_startup_signals)
+PHASES = [pytest.param(p, marks=pytest.mark.matrix) if p in ("setup", "on_fit_start", "train_dataloader") else p
+          for p in ("setup", "on_load_checkpoint", "on_fit_start", "train_dataloader", "on_train_batch_start")]
 HANG_S = 240
 
 

@@ -19,9 +19,20 @@ from tests.helpers.runs import assert_resumed, cli_env, need_shared, run_cli, ti
 OPS = {"checkpoint": ["write", "fsync", "manifest", "rename", "dirfsync"],
        "resume": ["link", "manifest", "rename", "dirfsync"],  # a hard link: no data written
        "export": ["write", "fsync", "manifest", "rename", "dirfsync"]}
+CODES = ["ENOSPC", "EIO"]
 FAST = {("write", "checkpoint", "ENOSPC"), ("manifest", "export", "ENOSPC")}
-CASES = [pytest.param(op, kind, code, marks=() if (op, kind, code) in FAST else pytest.mark.slow, id=f"{op}-{kind}-{code}")
-         for kind in OPS for op, code in itertools.product(OPS[kind], ["ENOSPC", "EIO"])]
+
+
+def marks(op: str, kind: str, code: str) -> tuple:
+    """make test: two cases; make test-slow: every operation of every file once, the two codes alternating;
+    make test-matrix: the other code of each (the same path, another message)."""
+    if (op, kind, code) in FAST:
+        return ()
+    return (pytest.mark.slow,) if code == CODES[OPS[kind].index(op) % 2] else (pytest.mark.matrix,)
+
+
+CASES = [pytest.param(op, kind, code, marks=marks(op, kind, code), id=f"{op}-{kind}-{code}")
+         for kind in OPS for op, code in itertools.product(OPS[kind], CODES)]
 
 
 @pytest.fixture(scope="module")

@@ -69,9 +69,9 @@ def test_seeded_kill_trials_each_end_bit_identical(tmp_path: Path) -> None:
     run_kill_trials(tmp_path, seeded_trials()[:2])
 
 
-@pytest.mark.slow
+@pytest.mark.matrix
 def test_seeded_kill_trials_each_end_bit_identical_rest(tmp_path: Path) -> None:
-    """The other 8 of the 10 seeded trials (make test-slow)."""
+    """The other 8 of the 10 seeded trials (make test-matrix: more of the same kinds of kill)."""
     run_kill_trials(tmp_path, seeded_trials()[2:])
 
 

@@ -111,7 +111,7 @@ def test_sigterm_to_the_process_group_with_workers_saves_and_exits_zero(tmp_path
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("signame", ["SIGTERM", pytest.param("SIGINT", marks=pytest.mark.matrix)])  # SIGINT: test-matrix
 def test_group_signal_mid_epoch_then_exact_resume(tmp_path: Path, signame: str, reference: tuple[Path, dict]) -> None:
     stopped, _ = run_group_signalled(tmp_path, config() + ["--ckpt_path", "last"], getattr(signal, signame),
                                      after_lines=3)

@@ -203,6 +203,7 @@ def assert_minimind_steps(run_dir: Path, expected: list[dict]) -> None:
 
 
 SLOW = pytest.mark.slow  # make test keeps two resumed runs: MiniMind's draws restarted, a thinking model that stops
+MATRIX = pytest.mark.matrix  # the same resume of MiniMind's file under another loss or thinking ratio: make test-matrix
 
 
 @pytest.mark.parametrize("run", [pytest.param(r, marks=SLOW) for r in ("cispo_full", "grpo_full", "mixed_full",
@@ -223,8 +224,9 @@ def test_minimind_grpo_argv_reproduces_its_run(tmp_path: Path, run: str) -> None
     assert resume["start_weights"]["path"] == f"out/{start}_64.pth"  # the reference: re-read and checked on resume
 
 
-@pytest.mark.parametrize("run", ["think_resumed", *(pytest.param(r, marks=SLOW) for r in (
-    "mixed_resumed", "cispo_resumed", "grpo_resumed", "workers_resumed"))])
+@pytest.mark.parametrize("run", ["think_resumed", pytest.param("cispo_resumed", marks=SLOW),
+                                 pytest.param("workers_resumed", marks=SLOW), pytest.param("mixed_resumed", marks=MATRIX),
+                                 pytest.param("grpo_resumed", marks=MATRIX)])
 def test_from_resume_continues_minimind_grpo_file(tmp_path: Path, run: str) -> None:
     """MiniMind's resume file (fp16 weights, no RNG state): the port continues as MiniMind does, its stream
     seeded at the epoch's start, and samples MiniMind's resumed run's tokens."""

@@ -85,7 +85,7 @@ def test_resumes_at_epoch_boundaries_move_forward(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow  # 40 s a seed (make test-slow; make test keeps the teardown and best-checkpoint chains)
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.matrix)])  # seed 1: make test-matrix
 def test_mid_epoch_kill_chain_is_exact(tmp_path: Path, seed: int) -> None:
     """save_interval 7 against accumulation 2: saves mid-window and at epoch ends; kills inside
     and right after random commits, six times."""

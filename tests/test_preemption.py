@@ -12,7 +12,7 @@ from tests.helpers.runs import assert_resumed, at_line, at_text, need_shared, ru
 
 
 # SIGUSR1 also saves and stops in tests/test_slurm.py (the requeued job resumes exactly)
-@pytest.mark.parametrize("signame", ["SIGTERM", pytest.param("SIGINT", marks=pytest.mark.slow), pytest.param("SIGUSR1", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("signame", ["SIGTERM", pytest.param("SIGINT", marks=pytest.mark.slow), pytest.param("SIGUSR1", marks=pytest.mark.matrix)])
 def test_signal_saves_and_exits_zero_then_resume_is_exact(tmp_path: Path, signame: str) -> None:
     need_shared()
     args = tiny_args(epochs=2, accumulate=2, save_interval=100)

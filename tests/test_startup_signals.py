@@ -20,10 +20,10 @@ import torch
 
 from tests.helpers.runs import assert_resumed, cli_env, need_shared, resumed_at, run_cli, tiny_args
 
-# before restore and after it (before Lightning's handlers) behave like restore itself: `make test-slow`
-PHASES = [pytest.param("setup", marks=pytest.mark.slow), pytest.param("on_load_checkpoint", marks=pytest.mark.slow),
-          pytest.param("on_fit_start", marks=pytest.mark.slow), pytest.param("train_dataloader", marks=pytest.mark.slow),
-          pytest.param("on_train_batch_start", marks=pytest.mark.slow)]
+# `make test-slow`: restore, after it (before Lightning's handlers) and as training starts; before restore and while
+# the loader is built behave like restore itself: `make test-matrix`
+PHASES = [pytest.param(p, marks=pytest.mark.matrix if p in ("setup", "train_dataloader") else pytest.mark.slow)
+          for p in ("setup", "on_load_checkpoint", "on_fit_start", "train_dataloader", "on_train_batch_start")]
 
 
 def signal_at(phase: str, signame: str = "SIGTERM") -> list[str]:
