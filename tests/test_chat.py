@@ -15,8 +15,8 @@ from tokenizers import Tokenizer
 
 from lit_minimind.checkpoint.weights import fp16_state_dict
 from lit_minimind.cli import generate
-from lit_minimind.data.chat_template import render_chat
-from lit_minimind.data.tokenizer import EOS_ID, load_tokenizer
+from lit_minimind.data.chat_template import load_chat_template, render_chat
+from lit_minimind.data.tokenizer import BOS_ID, EOS_ID, encode, load_tokenizer
 from lit_minimind.model import MiniMindConfig, MiniMindForCausalLM
 
 TOKENIZER = Path(__file__).resolve().parents[1].parent / "shared" / "minimind" / "tokenizer"
@@ -65,50 +65,41 @@ def test_chat_keeps_history_prints_answer_until_eos(tokenizer: Tokenizer) -> Non
     assert rendered[1].endswith("<|im_start|>user\nSecond question?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
 
 
-def recording_generate(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[int], list[int]]]:
-    """Record (prompt ids, generated ids) of every real ``MiniMindForCausalLM.generate`` call."""
-    calls: list[tuple[list[int], list[int]]] = []
-    real = MiniMindForCausalLM.generate
-
-    def wrapped(self, input_ids, *args, **kwargs):
-        out = real(self, input_ids, *args, **kwargs)
-        calls.append((input_ids[0].tolist(), out[0, input_ids.shape[1]:].tolist()))
-        return out
-
-    monkeypatch.setattr(MiniMindForCausalLM, "generate", wrapped)
-    return calls
+def expected_chat(export: Path, questions: list[str], seed: int = 0, **kwargs: object) -> tuple[str, list[dict]]:
+    """What ``generate.chat`` prints and returns for ``questions`` with ``export``'s weights (loaded the public way)
+    and the CLI's sampling defaults (``kwargs`` override them): what ``main`` must print for the same flags."""
+    model, tokenizer = generate.load_model(str(export)), load_tokenizer(TOKENIZER)
+    sampling = {"max_new_tokens": 64, "temperature": 0.8, "top_p": 0.9, "top_k": 0, **kwargs}
+    out = io.StringIO()
+    conversation = generate.chat(model, tokenizer, load_chat_template(TOKENIZER), questions, out,
+                                 greedy=sampling["temperature"] == 0, generator=torch.Generator().manual_seed(seed),
+                                 **sampling)
+    return out.getvalue(), conversation
 
 
-def answer_of(tokenizer: Tokenizer, new: list[int]) -> str:
-    return tokenizer.decode(new[: new.index(EOS_ID)] if EOS_ID in new else new, skip_special_tokens=True)
-
-
-def test_cli_one_question(export: Path, tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch,
-                          capsys: pytest.CaptureFixture[str]) -> None:
-    calls = recording_generate(monkeypatch)
+def test_cli_one_question(export: Path, tokenizer: Tokenizer, capsys: pytest.CaptureFixture[str]) -> None:
+    # sampled: a random model's greedy answer is the same newlines whatever it is asked
     rc = generate.main([str(export), "--tokenizer_path", str(TOKENIZER), "--chat", "zebra quokka narwhal?",
-                        "--max_new_tokens", "12", "--temperature", "0"])
+                        "--max_new_tokens", "12", "--seed", "1"])
     assert rc == 0
-    [(prompt, new)] = calls
-    assert tokenizer.decode(prompt, skip_special_tokens=False) == render_chat(
-        [{"role": "user", "content": "zebra quokka narwhal?"}], add_generation_prompt=True)
     out = capsys.readouterr().out
-    assert out == answer_of(tokenizer, new) + "\n"
-    assert "zebra quokka" not in out and "<|im_start|>" not in out
+    assert out == expected_chat(export, ["zebra quokka narwhal?"], seed=1, max_new_tokens=12)[0]
+    assert out != expected_chat(export, ["zebra quokka narwhal"], seed=1, max_new_tokens=12)[0]  # the question counts
+    assert out.strip() and "zebra quokka" not in out and "<|im_start|>" not in out  # the answer only
+    # (what chat() renders as the prompt: test_chat_keeps_history_prints_answer_until_eos)
 
 
-def test_cli_reads_turns_from_stdin(export: Path, tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch,
+def test_cli_reads_turns_from_stdin(export: Path, monkeypatch: pytest.MonkeyPatch,
                                     capsys: pytest.CaptureFixture[str]) -> None:
-    calls = recording_generate(monkeypatch)
     monkeypatch.setattr("sys.stdin", io.StringIO("first turn\n\nsecond turn\n"))  # the blank line is skipped
     rc = generate.main([str(export), "--tokenizer_path", str(TOKENIZER), "--chat", "--max_new_tokens", "8",
                         "--temperature", "0.8", "--seed", "3"])
-    assert rc == 0 and len(calls) == 2
-    answers = [answer_of(tokenizer, new) for _, new in calls]
-    assert capsys.readouterr().out == "".join(a + "\n" for a in answers)
-    history = [{"role": "user", "content": "first turn"}, {"role": "assistant", "content": answers[0]},
-               {"role": "user", "content": "second turn"}]
-    assert tokenizer.decode(calls[1][0], skip_special_tokens=False) == render_chat(history, add_generation_prompt=True)
+    assert rc == 0
+    expected, conversation = expected_chat(export, ["first turn", "second turn"], seed=3, max_new_tokens=8)
+    assert capsys.readouterr().out == expected
+    assert [m["content"] for m in conversation if m["role"] == "user"] == ["first turn", "second turn"]
+    # another seed samples other answers: the output above follows --seed
+    assert expected_chat(export, ["first turn", "second turn"], seed=4, max_new_tokens=8)[0] != expected
 
 
 def test_prompt_and_chat_are_exclusive(export: Path) -> None:
@@ -131,35 +122,46 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("which", ["ckpt", "resume"])
 def test_generate_from_a_checkpoint_uses_its_weights(trained: Path, which: str, tokenizer: Tokenizer,
-                                                     monkeypatch: pytest.MonkeyPatch,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     """``generate`` takes a Lightning ``.ckpt`` or MiniMind's ``_resume.pth`` (the same file) and uses its weights."""
     source = next((trained / "checkpoints").glob("*.ckpt")) if which == "ckpt" else \
         trained / "checkpoints" / "pretrain_64_resume.pth"
-    saved = torch.load(source, weights_only=True)["model"]  # MiniMind's keys
-    loaded = {}
-    real = MiniMindForCausalLM.generate
-
-    def spy(self, input_ids, *args, **kwargs):
-        loaded.update(self.state_dict())
-        return real(self, input_ids, *args, **kwargs)
-
-    monkeypatch.setattr(MiniMindForCausalLM, "generate", spy)
-    rc = generate.main([str(source), "--tokenizer_path", str(TOKENIZER), "--prompt", "Hello", "--max_new_tokens", "4",
-                        "--temperature", "0"])
-    assert rc == 0 and capsys.readouterr().out.startswith("Hello")
+    saved = torch.load(source, weights_only=True)["model"]  # MiniMind's keys (its fp16 copy of the weights)
+    loaded = generate.load_model(str(source)).state_dict()
     assert saved.keys() <= loaded.keys()
-    # (its "model" is MiniMind's fp16 copy of the weights)
     assert all(torch.equal(loaded[k].half(), saved[k].half()) for k in saved), "not the checkpoint's weights"
+    rc = generate.main([str(source), "--tokenizer_path", str(TOKENIZER), "--prompt", "Hello", "--max_new_tokens", "8"])
+    assert rc == 0
+
+    def sampled(weights: dict[str, torch.Tensor] | None) -> str:
+        """The CLI's default sampling (seed 0) of a model built here with ``weights`` (None: a fresh one)."""
+        torch.manual_seed(1)
+        model = MiniMindForCausalLM(MiniMindConfig(hidden_size=64, num_hidden_layers=2)).eval()
+        if weights is not None:
+            model.load_state_dict({k: v.float() for k, v in weights.items()})
+        ids = torch.tensor([[BOS_ID, *encode(tokenizer, "Hello", model.config.max_position_embeddings)]])
+        new = model.generate(ids, max_new_tokens=8, temperature=0.8, top_p=0.9, top_k=0, eos_token_id=EOS_ID,
+                             generator=torch.Generator().manual_seed(0))[0, ids.shape[1]:].tolist()
+        return f"Hello{tokenizer.decode(new)}\n"
+
+    out = capsys.readouterr().out
+    assert out == sampled(saved) and out != sampled(None), "not the text of the checkpoint's weights"
+
+
+MEMORIZED = Path(__file__).resolve().parent / "fixtures" / "serve" / "memorized_64.pth"  # tests/test_serve.py's
 
 
 @pytest.mark.parametrize("think", [False, True])
-def test_chat_think_opens_the_thinking_block(export: Path, tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch,
-                                             think: bool) -> None:
-    calls = recording_generate(monkeypatch)
-    rc = generate.main([str(export), "--tokenizer_path", str(TOKENIZER), "--chat", "why?", "--max_new_tokens", "4",
+def test_chat_think_opens_the_thinking_block(tokenizer: Tokenizer, think: bool, capsys: pytest.CaptureFixture[str]) -> None:
+    scripted = ScriptedModel(tokenizer.encode("Because.").ids)
+    generate.chat(scripted, tokenizer, load_chat_template(TOKENIZER), ["why?"], io.StringIO(), think=think)
+    text = tokenizer.decode(scripted.prompts[0], skip_special_tokens=False)
+    assert text.endswith("<think>\n" if think else "<think>\n\n</think>\n\n"), text[-40:]
+    # and the CLI's --think reaches it: a model trained to reason when the block is open answers each prompt its way
+    question = "Why is the sky blue?"
+    rc = generate.main([str(MEMORIZED), "--tokenizer_path", str(TOKENIZER), "--chat", question, "--max_new_tokens", "24",
                         "--temperature", "0", *(["--think"] if think else [])])
     assert rc == 0
-    [(prompt, _)] = calls
-    text = tokenizer.decode(prompt, skip_special_tokens=False)
-    assert text.endswith("<think>\n" if think else "<think>\n\n</think>\n\n"), text[-40:]
+    answers = {t: expected_chat(MEMORIZED, [question], max_new_tokens=24, temperature=0, think=t)[0] for t in (False, True)}
+    assert answers[False] != answers[True], "both prompts give the same answer: the check below could not fail"
+    assert capsys.readouterr().out == answers[think]
