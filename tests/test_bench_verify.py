@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.helpers.runs import ROOT, cli_env
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -25,6 +27,7 @@ def leftovers() -> set[str]:
     return {p.name for p in (ROOT / ".cache").glob("bench-verify-*")}
 
 
+@pytest.mark.bench  # a benchmark's smoke run (make test-bench)
 def test_bench_verify_quick(tmp_path: Path) -> None:
     before = leftovers()
     out = tmp_path / "results"

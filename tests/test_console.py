@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.helpers.runs import LINE_RE, need_shared, run_cli, tiny_args
 
 
+@pytest.mark.slow  # make test's budget: 14.6 min on a clean clone, 2026-12-03 (make test-slow)
 def test_console_lines_stand_on_their_own_lines_beside_the_progress_bar(tmp_path: Path) -> None:
     need_shared()
     args = tiny_args(epochs=2, save_interval=100) + ["--trainer.enable_progress_bar", "true"]

@@ -111,6 +111,7 @@ def help_text(cwd: Path, flag: str = "--help") -> str:
     return proc.stdout
 
 
+@pytest.mark.slow  # make test's budget: 14.6 min on a clean clone, 2026-12-03 (make test-slow)
 def test_help_starts_with_the_projects_flags_in_plain_text(tmp_path: Path) -> None:
     text = help_text(tmp_path)
     lines = text.splitlines()
@@ -142,6 +143,7 @@ def test_help_starts_with_the_projects_flags_in_plain_text(tmp_path: Path) -> No
 
 
 # ------------------------------------------------------------------ a log file: plain lines
+@pytest.mark.slow  # make test's budget: 14.6 min on a clean clone, 2026-12-03 (make test-slow)
 def test_a_piped_run_writes_plain_progress_lines_without_the_noise(tmp_path: Path) -> None:
     need_shared()
     code, log = run_piped(tmp_path, bar_default(*NOISY, "--log_interval", "4", epochs=2))
@@ -158,6 +160,7 @@ def test_a_piped_run_writes_plain_progress_lines_without_the_noise(tmp_path: Pat
     assert not shown, f"harmless notices reached the console: {shown}"
 
 
+@pytest.mark.slow  # make test's budget: 14.6 min on a clean clone, 2026-12-03 (make test-slow)
 def test_verbose_shows_every_notice(tmp_path: Path) -> None:
     need_shared()
     code, log = run_piped(tmp_path, bar_default(*NOISY, "--log_interval", "4"), LIT_MINIMIND_VERBOSE="1")

@@ -144,6 +144,7 @@ def test_minimind_distill_argv_reproduces_its_run(tmp_path: Path) -> None:
     assert resume["teacher"]["path"] == "out/full_sft_64_moe.pth" and len(resume["teacher"]["sha256"]) == 64
 
 
+@pytest.mark.slow  # make test's budget: 14.6 min on a clean clone, 2026-12-03 (make test-slow)
 def test_from_resume_continues_minimind_distill_file(tmp_path: Path) -> None:
     need_shared()
     place_student_and_teacher(tmp_path)

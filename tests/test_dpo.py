@@ -139,6 +139,7 @@ def test_minimind_dpo_argv_reproduces_its_run_and_minimind_loads_the_export(tmp_
     assert abs(float(last["rewards/chosen"]) - float(last["rewards/rejected"]) - float(last["rewards/margin"])) < 1e-5
 
 
+@pytest.mark.slow  # make test's budget: 14.6 min on a clean clone, 2026-12-03 (make test-slow)
 def test_from_resume_continues_minimind_dpo_file(tmp_path: Path) -> None:
     need_shared()
     start_from_sft(tmp_path)

@@ -168,7 +168,7 @@ def _limit_file_size() -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (3_000_000, 3_000_000))
 
 
-@pytest.mark.parametrize("async_save", [False, True])
+@pytest.mark.parametrize("async_save", [False, pytest.param(True, marks=pytest.mark.slow)])  # True: make test's budget
 def test_full_disk_stops_with_clear_error_and_keeps_previous_checkpoint(tmp_path: Path, async_save: bool) -> None:
     need_shared()
     args = tiny_args(epochs=1, accumulate=2, save_interval=3) + [f"--resume.async_save={str(async_save).lower()}"]
@@ -226,6 +226,7 @@ def test_fresh_run_beside_an_older_runs_files_resumes_itself_and_keeps_them(tmp_
     assert old_ckpts <= {p.name for p in (tmp_path / "checkpoints").glob("*.ckpt")}, "another run's files were pruned"
 
 
+@pytest.mark.slow  # make test's budget: 14.6 min on a clean clone, 2026-12-03 (make test-slow)
 def test_resume_with_other_batch_size_fails(tmp_path: Path) -> None:
     ckpt_dir, args = _partial_run(tmp_path)
     run = run_cli(tmp_path, args + ["--ckpt_path", "last", "--data.batch_size", "6"])

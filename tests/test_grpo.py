@@ -312,6 +312,7 @@ def make_reward_model(path: Path, seed: int) -> None:
     torch.save({k: v.half() for k, v in model.state_dict().items()}, path)
 
 
+@pytest.mark.slow  # make test's budget: 14.6 min on a clean clone, 2026-12-03 (make test-slow)
 def test_reward_model_scores_and_is_checked_on_resume(tmp_path: Path) -> None:
     """With --model.reward_model, each reward is the rule terms plus the model's clipped score of the answer (as
     MiniMind's LMForRewardModel folds the history); a resume with another reward model file is refused (one without

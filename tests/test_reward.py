@@ -61,6 +61,7 @@ def test_scores_are_read_at_the_last_answer_token() -> None:
     assert not torch.allclose(bradley_terry_loss(model, changed)[0], loss)
 
 
+@pytest.mark.slow  # make test's budget: 14.6 min on a clean clone, 2026-12-03 (make test-slow)
 def test_reward_model_learns_the_pairs_and_reports_held_out_accuracy(tmp_path: Path) -> None:
     need_shared()
     run = run_cli(tmp_path, reward_args())

@@ -102,6 +102,7 @@ def saved_at(ckpt_dir: Path) -> list[tuple[int, str]]:
     return sorted(found)
 
 
+@pytest.mark.slow  # make test's budget: 14.6 min on a clean clone, 2026-12-03 (make test-slow)
 def test_auto_interval_saves_at_young_daly_intervals(tmp_path: Path) -> None:
     need_shared()
     args = tiny_args(epochs=2, save_interval=1000) + ["--resume.save_every_minutes", "auto", "--resume.mtbf", "1",

@@ -171,6 +171,7 @@ def test_weight_name_defaults_to_full_sft_on_sft_data(extra: list[str], weight: 
     assert cli.config["resume.weight"] == weight  # the run's saved config.yaml says so too
 
 
+@pytest.mark.slow  # make test's budget: 14.6 min on a clean clone, 2026-12-03 (make test-slow)
 def test_embedded_sft_then_chat(tmp_path: Path) -> None:
     """The README's pretrain -> SFT -> chat, shortened: no download, the embedded chat corpus and
     tokenizer (MiniMind's chat template), files named full_sft, then generate --chat on the export."""

@@ -89,6 +89,7 @@ def test_no_requeue_outside_slurm_or_for_sigterm(tmp_path: Path, where: str, sig
     assert "requeue" not in stopped.stdout
 
 
+@pytest.mark.slow  # make test's budget: 14.6 min on a clean clone, 2026-12-03 (make test-slow)
 def test_sigusr1_on_one_slurm_task_of_two_stops_both_and_only_rank_0_requeues(tmp_path: Path) -> None:
     """Two tasks as ``srun --ntasks-per-node=2`` starts them (Lightning's SLURMEnvironment, DDP on
     gloo); SIGUSR1 reaches rank 1 only: the ranks agree to stop, rank 0 requeues once."""

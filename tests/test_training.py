@@ -109,6 +109,7 @@ def test_bad_data_fails_before_training_naming_file_and_line(tmp_path: Path, con
     assert not run.lines and not (tmp_path / "checkpoints").exists()
 
 
+@pytest.mark.slow  # make test's budget: 14.6 min on a clean clone, 2026-12-03 (make test-slow)
 def test_missing_tokenizer_and_checkpoint_are_clear_errors(tmp_path: Path) -> None:
     need_shared()
     run = run_cli(tmp_path, tiny_args() + ["--data.tokenizer_path", str(tmp_path)])
@@ -166,6 +167,7 @@ def assert_within(given: object, used: object, where: str) -> None:
         assert given == used or str(given) == str(used), f"{where}: preset {given!r}, run uses {used!r}"
 
 
+@pytest.mark.slow  # make test's budget: 14.6 min on a clean clone, 2026-12-03 (make test-slow)
 def test_validation_split_keeps_best_checkpoint(tmp_path: Path) -> None:
     need_shared()
     run = run_cli(tmp_path, tiny_args(epochs=2, accumulate=1, save_interval=100) + ["--data.val_fraction", "0.25"])
@@ -176,6 +178,7 @@ def test_validation_split_keeps_best_checkpoint(tmp_path: Path) -> None:
     assert best["callbacks"]["ResumeCallback"]["best_val_loss"] is not None
 
 
+@pytest.mark.slow  # make test's budget: 14.6 min on a clean clone, 2026-12-03 (make test-slow)
 def test_bf16_mixed_runs_on_cpu(tmp_path: Path) -> None:
     need_shared()
     run = run_cli(tmp_path, tiny_args(epochs=1) + ["--trainer.precision", "bf16-mixed"])
@@ -183,6 +186,7 @@ def test_bf16_mixed_runs_on_cpu(tmp_path: Path) -> None:
     assert len(run.steps) == 12
 
 
+@pytest.mark.slow  # make test's budget: 14.6 min on a clean clone, 2026-12-03 (make test-slow)
 def test_time_based_save_cadence(tmp_path: Path) -> None:
     need_shared()
     run = run_cli(tmp_path, tiny_args(epochs=1, save_interval=1000) +

@@ -82,6 +82,7 @@ def test_minimind_file_without_wandb_id_starts_new_run_and_stores_it(tmp_path: P
     assert ckpt["callbacks"]["ResumeCallback"]["wandb_id"] == new_id
 
 
+@pytest.mark.slow  # make test's budget: 14.6 min on a clean clone, 2026-12-03 (make test-slow)
 def test_without_credentials_wandb_logs_offline(tmp_path: Path) -> None:
     """No ``WANDB_MODE``, no API key, no ~/.netrc: the run logs offline under wandb/ (conf/wandb.yaml's promise)."""
     need_shared()

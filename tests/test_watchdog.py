@@ -180,6 +180,7 @@ def test_a_stopped_rank_ends_rank_0_within_the_bound_and_the_resume_is_exact(tmp
     assert all(torch.equal(ref_w[k], got_w[k]) for k in ref_w)
 
 
+@pytest.mark.slow  # make test's budget: 14.6 min on a clean clone, 2026-12-03 (make test-slow)
 def test_a_data_worker_that_blocks_forever_is_named_phase_data(tmp_path: Path) -> None:
     """A DataLoader worker stuck in a read (its 17th record: batch 5): the loop waits for the batch, the
     watchdog names phase ``data``; ``--watchdog.stacks`` puts the stacks in a file the line names."""
@@ -270,6 +271,7 @@ def test_a_c_call_that_holds_the_gil_is_ended_by_faulthandler(tmp_path: Path) ->
     assert 5 < held_s < 40, held_s  # the largest bound (3 s) + 10 s after the last step
 
 
+@pytest.mark.slow  # make test's budget: 14.6 min on a clean clone, 2026-12-03 (make test-slow)
 def test_watchdog_bounds_must_be_positive(tmp_path: Path) -> None:
     need_shared()
     for flag, value, words in [("floor", "0", "--watchdog.floor must be > 0 seconds, got 0.0"),

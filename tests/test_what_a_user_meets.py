@@ -24,6 +24,7 @@ def error_lines(stderr: str) -> list[str]:
 
 
 # ------------------------------------------------------------------ no abbreviated flags
+@pytest.mark.slow  # make test's budget: 14.6 min on a clean clone, 2026-12-03 (make test-slow)
 def test_an_abbreviated_flag_is_an_unknown_flag_and_nothing_is_written(tmp_path: Path) -> None:
     """``--trainer.max_epoch`` is not taken for ``--trainer.max_epochs`` (argparse's allow_abbrev):
     one error line naming the flag meant, exit 2, before anything is written. ``--help`` still works."""
@@ -59,7 +60,7 @@ def not_model_files(where: Path) -> dict[str, tuple[Path, str]]:
     }
 
 
-@pytest.mark.parametrize("kind", ["lora", "optimizer", "other"])
+@pytest.mark.parametrize("kind", [pytest.param("lora", marks=pytest.mark.slow), "optimizer", "other"])  # lora: budget
 def test_generate_export_inspect_say_what_a_file_without_a_model_is(tmp_path: Path, kind: str) -> None:
     """An adapter file, an optimizer's state dict, any other dict: each command prints one ``error:`` line
     saying what the file holds and what to do, exit 2, no traceback (generate: no ``Missing key(s)``)."""
@@ -78,6 +79,7 @@ def test_generate_export_inspect_say_what_a_file_without_a_model_is(tmp_path: Pa
 
 
 # ------------------------------------------------------------------ what a run writes is readable by others
+@pytest.mark.slow  # make test's budget: 14.6 min on a clean clone, 2026-12-03 (make test-slow)
 def test_weights_checkpoints_and_exports_get_the_umask_default_mode(tmp_path: Path) -> None:
     """Under umask 027 every file a run writes for its user (fp16 ``out/*.pth``, checkpoints, the Hugging
     Face export of ``--export_hf``, manifests) is 0o640 and the export directory 0o750, as ``open`` and
