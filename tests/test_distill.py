@@ -123,6 +123,7 @@ def assert_minimind_steps(stdout: str, expected: list[dict]) -> None:
         assert abs(lr - s["lr"]) <= 1e-8, (where, lr, s["lr"])
 
 
+@pytest.mark.slow  # make test's budget: 14.6 min on a clean clone, 2026-12-03 (make test-slow)
 def test_minimind_distill_argv_reproduces_its_run(tmp_path: Path) -> None:
     need_shared()
     place_student_and_teacher(tmp_path)

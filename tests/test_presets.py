@@ -52,6 +52,7 @@ def test_an_unknown_name_lists_the_presets() -> None:
     assert all(name in str(err.value) for name in NAMES)
 
 
+@pytest.mark.slow  # make test's budget: 14.6 min on a clean clone, 2026-12-03 (make test-slow)
 def test_cli_by_name(tmp_path: Path) -> None:
     """From a directory without conf/: an unknown name is one error line (exit 2); a known one loads, and
     MiniMind's flags still override it (translate moves the preset first)."""

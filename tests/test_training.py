@@ -118,6 +118,7 @@ def test_missing_tokenizer_and_checkpoint_are_clear_errors(tmp_path: Path) -> No
     assert run.returncode == 2 and "nope.ckpt: no such checkpoint file" in run.stderr
 
 
+@pytest.mark.slow  # make test's budget: 14.6 min on a clean clone, 2026-12-03 (make test-slow)
 def test_ckpt_path_last_without_checkpoint_starts_fresh_and_a_resume_draws_no_initial_weights(tmp_path: Path) -> None:
     """``--ckpt_path`` builds the model without its random initialisation (the checkpoint overwrites every
     weight); when no checkpoint is found the model is initialised as without the flag, bit for bit."""
