@@ -27,6 +27,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.helpers import zygote
 from tests.helpers.faults import SAVE_FILES
 
 # ----------------------------------------------------------------------------- paths and the tiny config
@@ -204,10 +205,14 @@ def run_cli(cwd: Path, args: list[str], *, on_line: OnLine | None = None, kill_a
     whole group is SIGKILLed; ``limit``: seconds after which a run still going is SIGKILLed and
     :attr:`Run.timed_out` set (a hang fails the test instead of blocking it).
     """
-    # own session: a kill takes the whole process group (DDP ranks included), as a preemption does
-    proc = subprocess.Popen([*(command or [sys.executable, "-m", "lit_minimind.fit"]), *args], cwd=cwd,
-                            env=env or cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    # own session: a kill takes the whole process group (DDP ranks included), as a preemption does; the CLI
+    # itself is forked from a Python that already imported it (tests/helpers/zygote.py), else launched
+    env = env or cli_env()
+    proc = zygote.start(args, cwd, env) if command is None else None
+    if proc is None:
+        proc = subprocess.Popen([*(command or [sys.executable, "-m", "lit_minimind.fit"]), *args], cwd=cwd,
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
     err: list[str] = []
     err_reader = threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True)  # stderr never fills up
     err_reader.start()
