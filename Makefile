@@ -31,7 +31,7 @@ test-slow: $(STAMP)
 
 # more cases of behaviours CI already checks once (the other errno of each fault, seed 1 of the mid-epoch kill chain,
 # 8 more seeded kill trials, the other start-up signal phases): not in CI (its 45-min budget); run it after changing
-# the save or restore path (about 12 min on 2 cores)
+# the save or restore path (about 4.5 min on 2 cores)
 test-matrix: $(STAMP)
 	$(PY) -m pytest -q -n 2 -m matrix tests $(PYTEST_ARGS)
 
