@@ -92,6 +92,8 @@ def install() -> None:
     use_storage(FaultyStorage())
 
 
+ENV_PREFIXES = ("LIT_MINIMIND_TEST_FAIL", "LIT_MINIMIND_TEST_STOP_", "LIT_MINIMIND_TEST_HANG_")  # read at run time
+
+
 def wanted() -> bool:
-    return any(k.startswith(("LIT_MINIMIND_TEST_FAIL", "LIT_MINIMIND_TEST_STOP_", "LIT_MINIMIND_TEST_HANG_"))
-               for k in os.environ)
+    return any(k.startswith(ENV_PREFIXES) for k in os.environ)

@@ -36,8 +36,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.helpers import faults
+
 ROOT = Path(__file__).resolve().parents[2]
-FAULT_KEYS = ("LIT_MINIMIND_TEST_FAIL", "LIT_MINIMIND_TEST_STOP_", "LIT_MINIMIND_TEST_HANG_")  # read at run time
 MAX_ZYGOTES = 3  # per test process: one per environment (less the fault keys), the oldest closed first
 _WORD = struct.Struct("q")
 
@@ -99,14 +100,12 @@ class Zygote:
         request = json.dumps({"args": args, "cwd": os.path.abspath(cwd), "env": env}).encode()
         try:
             socket.send_fds(self.sock, [request], [out_w, err_w, status_w])
+            pid = os.read(status_r, _WORD.size)  # once the watcher forked the run; b"": the zygote ended
         except OSError:  # the zygote is gone (it refused to serve, or died)
-            sent = False
-        else:
-            sent = True
+            pid = b""
         finally:
             for fd in (out_w, err_w, status_w):
                 os.close(fd)
-        pid = os.read(status_r, _WORD.size) if sent else b""
         if len(pid) != _WORD.size:
             for fd in (out_r, err_r, status_r):
                 os.close(fd)
@@ -126,7 +125,8 @@ _zygotes: dict[tuple, Zygote] = {}
 
 
 def key_of(env: dict[str, str]) -> tuple:
-    return tuple(sorted((k, v) for k, v in env.items() if not k.startswith(FAULT_KEYS)))
+    """A zygote's environment: the run's, less the fault injection's keys (read at run time)."""
+    return tuple(sorted((k, v) for k, v in env.items() if not k.startswith(faults.ENV_PREFIXES)))
 
 
 def start(args: list[str], cwd: Path, env: dict[str, str]) -> Forked | None:
@@ -138,7 +138,7 @@ def start(args: list[str], cwd: Path, env: dict[str, str]) -> Forked | None:
     if zygote is None:
         if len(_zygotes) >= MAX_ZYGOTES:
             _zygotes.pop(next(iter(_zygotes))).close()
-        zygote = Zygote({k: v for k, v in env.items() if not k.startswith(FAULT_KEYS)})
+        zygote = Zygote(dict(key))
     _zygotes[key] = zygote  # the most recently used last
     return zygote.start(args, cwd, env)
 
@@ -152,11 +152,7 @@ def _close_all() -> None:
 # ----------------------------------------------------------------------------- inside the zygote
 
 FRESH_HANDLERS = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL,
-                  signal.SIGUSR1: signal.SIG_DFL, signal.SIGCHLD: signal.SIG_DFL}
-
-
-def _one_thread() -> bool:
-    return len(os.listdir("/proc/self/task")) == 1
+                  signal.SIGUSR1: signal.SIG_DFL}  # SIGCHLD: the watcher resets it
 
 
 def serve(fd: int) -> int:
@@ -168,9 +164,10 @@ def serve(fd: int) -> int:
     sys.argv[0] = argv0
     for signum, handler in FRESH_HANDLERS.items():
         signal.signal(signum, handler)
-    if not _one_thread():
-        print(f"tests/helpers/zygote.py: {len(os.listdir('/proc/self/task'))} threads after the imports: "
-              "not forking, every run is launched", file=sys.stderr)
+    threads = len(os.listdir("/proc/self/task"))
+    if threads > 1:
+        print(f"tests/helpers/zygote.py: {threads} threads after the imports: not forking, every run is launched",
+              file=sys.stderr)
         return 0
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the watchers: reaped by the kernel
     while True:
@@ -179,13 +176,13 @@ def serve(fd: int) -> int:
             return 0
         if os.fork() == 0:
             sock.close()
-            watch(json.loads(request), *fds)  # returns in the run's process only
+            watch(*fds)  # returns in the run's process only
             return run(json.loads(request))
         for received in fds:
             os.close(received)
 
 
-def watch(request: dict, stdout: int, stderr: int, status: int) -> None:
+def watch(stdout: int, stderr: int, status: int) -> None:
     """The watcher: fork the run, send its pid, wait for it, send its wait status, exit."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     pid = os.fork()
@@ -215,8 +212,6 @@ def run(request: dict) -> int:
     random.seed()  # a fresh Python's: seeded from the OS
     if "numpy.random" in sys.modules:
         sys.modules["numpy.random"].seed()
-    from tests.helpers import faults
-
     if faults.wanted():  # as tests/helpers/site/sitecustomize.py at a fresh start
         faults.install()
     sys.argv[1:] = request["args"]
