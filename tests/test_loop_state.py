@@ -9,7 +9,8 @@ import lightning as L
 import pytest
 import torch
 
-from lit_minimind.resume.states import DataPosition, fit_loop_state_at, optimizer_steps
+from lit_minimind.resume.internals import fit_loop_state_at
+from lit_minimind.resume.states import DataPosition, optimizer_steps
 from tests.helpers.runs import need_shared, run_cli, tiny_args
 
 

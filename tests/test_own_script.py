@@ -107,3 +107,18 @@ def test_own_script_under_ddp_killed_and_rerun_resumes_exactly(tmp_path: Path) -
     assert second.returncode == 0, second.stderr[-3000:]
     assert_resumed(second, 1, 5)
     assert_same_run(ref, tmp_path / "ref", [first, second], run_dir)
+
+
+def test_own_datamodule_subclass_resumes_a_minimind_file_at_its_position(tmp_path: Path) -> None:
+    """Lightning keeps a DataModule's state under its class's name: a MiniMind file's position (converted for
+    ``MiniMindDataModule``) reaches a user's subclass too, so the run resumes after step 5, not from the start."""
+    need_shared()
+    from tests.helpers.runs import MINIMIND
+
+    src = MINIMIND / "original_run" / "checkpoints__pretrain_64_resume.step5.pth"
+    subclass = ("data = MiniMindDataModule(", "class MyData(MiniMindDataModule):\n    pass\n\n\ndata = MyData(")
+    run = run_cli(tmp_path, [str(TINY_JSONL), str(TOKENIZER), str(src)], env=cli_env(),
+                  command=write_script(tmp_path, replace=(subclass, ('ckpt_path="last"', "ckpt_path=sys.argv[3]"))))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert_resumed(run, 1, 6)
+    assert sorted(run.steps) == [(1, step) for step in range(6, 13)]

@@ -16,6 +16,7 @@ from lightning.pytorch.callbacks import Callback
 from lit_minimind.callbacks.log_history import LogHistory, flush_loggers
 from lit_minimind.callbacks.log_lineage import SaveLedger
 from lit_minimind.checkpoint.names import CONSOLE_STATE_KEY
+from lit_minimind.resume.internals import batches_done
 
 
 def format_minimind_line(epoch: int, epochs: int, step: int, iters: int, loss: float, logits_loss: float,
@@ -239,7 +240,7 @@ class MiniMindConsole(Callback):
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._epoch_start = None
-        if int(trainer.fit_loop.epoch_loop.batch_progress.current.processed) >= int(trainer.num_training_batches):
+        if batches_done(trainer) >= int(trainer.num_training_batches):
             self.history.epochs_complete = trainer.current_epoch + 1  # before the epoch-end checkpoint (callbacks last)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

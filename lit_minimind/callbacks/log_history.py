@@ -25,6 +25,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from lit_minimind.callbacks.log_lineage import checkpoint_position, cut_ledger, went_further
 from lit_minimind.checkpoint.atomic import atomic_open
 from lit_minimind.checkpoint.names import CONSOLE_STATE_KEY
+from lit_minimind.resume.internals import csv_logger_args
 from lit_minimind.resume.io import callback_state
 
 HISTORY_MAX_ROWS = 4096  # rows a checkpoint carries at most (the newest)
@@ -155,16 +156,6 @@ class LogHistory:
             for logger in loggers:
                 logger.log_metrics(dict(metrics), step=step)
             self.record(step, metrics)  # logged now: carried by the next checkpoints again
-
-
-def csv_logger_args(logger: Any) -> dict[str, Any]:
-    """A CSVLogger's constructor arguments, to build it again with another ``version`` before it started.
-
-    The one place that reads a logger's private attributes: CSVLogger keeps its ``version`` (None until
-    it is chosen), ``prefix`` and flush interval only there, and has no public way to set a version."""
-    return {"save_dir": logger.save_dir, "name": logger.name, "version": getattr(logger, "_version", None),
-            "prefix": getattr(logger, "_prefix", ""),
-            "flush_logs_every_n_steps": getattr(logger, "_flush_logs_every_n_steps", 100)}
 
 
 def history_seconds() -> float:

@@ -20,7 +20,6 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
-from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
@@ -40,11 +39,19 @@ from lit_minimind.checkpoint.names import (
 )
 from lit_minimind.checkpoint.weights import add_minimind_keys, fp16_weights, unwrap_model
 from lit_minimind.errors import CheckpointError
+from lit_minimind.resume.internals import (
+    NO_LAST_WARNING,
+    AnswersLast,
+    DeferredStop,
+    after_lightning_handlers,
+    batches_done,
+    before_lightning_handlers,
+    loops_at,
+)
 from lit_minimind.resume.io import SafeCheckpointIO, read_start_checkpoint, saved_wandb_id
 from lit_minimind.resume.library import library_versions
 from lit_minimind.resume.states import (
     adopt_scaler_state,
-    loops_at,
     optimizer_steps,
     rank_rng_state,
     save_rank_states,
@@ -53,11 +60,8 @@ from lit_minimind.resume.states import (
     world_size_change,
 )
 
-# Lightning's own line when ``ckpt_path="last"`` finds nothing; ResumeCallback says it (once) in its own words
-_NO_LAST = r'.*ckpt_path="last"\) is set, but there is no last checkpoint available.*'
 
-
-class ResumeCallback(ModelCheckpoint):
+class ResumeCallback(AnswersLast):
     """Writes MiniMind's checkpoint files and makes every resume exact; alone in a Trainer it is enough.
 
     ``trainer.fit(model, datamodule=dm, ckpt_path="last")`` resumes from the newest valid checkpoint of
@@ -105,9 +109,7 @@ class ResumeCallback(ModelCheckpoint):
         self.upload_timeout = upload_timeout
         self.files = CheckpointFiles(staging_dir("ckpt_dir", ckpt_dir), staging_dir("out_dir", out_dir), weight, keep_last,
                                      keep_runs)
-        # a ModelCheckpoint only so that Lightning asks it for ``ckpt_path="last"`` (_find_last_checkpoints);
-        # none of ModelCheckpoint's own saving runs: every hook it saves from is overridden here
-        super().__init__(dirpath=str(self.files.ckpt_dir), save_top_k=0, save_last=False)
+        super().__init__(str(self.files.ckpt_dir))  # Lightning asks it what ckpt_path="last" means (AnswersLast)
         self.async_save = async_save
         self._in_flight = ""  # what the save being written is, for its error message
         self.run_id = uuid.uuid4().hex[:8]  # carried across resumes: a fresh run never touches another's files
@@ -120,12 +122,11 @@ class ResumeCallback(ModelCheckpoint):
         self._pending_rng: Any = None  # this rank's RNG state, set at train start
         self._save_due = False  # a save fell due inside an accumulation window: taken at its optimizer step
         self._best_due = False  # likewise for a new best validation loss
-        self._end_due = False  # likewise for a max_time stop
+        self._end = DeferredStop()  # likewise for a max_time stop
         self._export: dict[str, torch.Tensor] | None = None
         self._last_saved: tuple[int, int] | None = None
         self._chosen_here: str | None = None  # this rank's choice (choose)
         self._start: tuple[str, dict[str, Any]] | None = None  # rank 0: the chosen checkpoint, read once
-        self._chosen: str | None = None  # global rank 0's choice, the file every rank loads
         self.save_seconds: tuple[float, float | None] = (0.0, None)  # the last save: loop's wait, until committed
         self.remote_holds = True  # a remote directory holds the newest save (checked at the end of the fit)
 
@@ -174,7 +175,7 @@ class ResumeCallback(ModelCheckpoint):
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         """Add MiniMind's keys and each rank's RNG (gathered to rank 0). ResumeCallback saves only at
         optimizer-step boundaries, where no gradient is pending."""
-        step = int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+        step = batches_done(trainer)
         iters = int(trainer.num_training_batches)
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         if not window_complete(step, iters, trainer.accumulate_grad_batches):
@@ -257,19 +258,14 @@ class ResumeCallback(ModelCheckpoint):
         ckpt = self._start[1] if self._start is not None else {}
         return rank_rng_state(ckpt.get(TRAINING_STATE_KEY) or {}, 0) is not None
 
-    def _find_last_checkpoints(self, trainer: L.Trainer) -> set[str]:
-        """What ``ckpt_path="last"`` means with this callback (:meth:`choose`).
-
-        The one private name the callback relies on: Lightning resolves ``"last"`` before any hook runs
-        (``_CheckpointConnector._parse_ckpt_path``), asking only ``ModelCheckpoint._find_last_checkpoints``
-        and ``OnExceptionCheckpoint.ckpt_path``; the latter would also turn ``ckpt_path=None`` into a resume.
-        """
+    def last_checkpoints(self, trainer: L.Trainer) -> set[str]:
+        """What ``ckpt_path="last"`` means with this callback (:meth:`choose`; how Lightning asks: AnswersLast)."""
         if trainer.state.fn != TrainerFn.FITTING:  # validate/test(ckpt_path="last"): the newest valid file
             found = choose_with_remote("last", None, self.files.ckpt_dir, self.stem(trainer.lightning_module), 0)
             return {found} if found else set()
         chosen = self.choose(trainer, trainer.lightning_module, "last")
         if chosen is None:
-            warnings.filterwarnings("ignore", message=_NO_LAST)  # said already, in this run's words
+            warnings.filterwarnings("ignore", message=NO_LAST_WARNING)  # said already, in this run's words
             return set()
         if not Path(chosen).exists():  # another rank, rank 0 downloads from the remote: rank 0's file is loaded
             self.files.ckpt_dir.mkdir(parents=True, exist_ok=True)
@@ -281,7 +277,7 @@ class ResumeCallback(ModelCheckpoint):
         self._chosen_here = path
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        STOP.install()  # before Lightning registers its SIGTERM handler, which then calls ours too
+        before_lightning_handlers(STOP)
         io = self._install_checkpoint_io(trainer)
         if stage != TrainerFn.FITTING:
             return
@@ -289,7 +285,7 @@ class ResumeCallback(ModelCheckpoint):
         if trainer.is_global_zero and self.remote is not None:
             self.remote.uploader.start()
         chosen = agree_on_checkpoint(trainer, self._chosen_here)  # a collective under DDP, before restore
-        self._chosen, self._chosen_here = chosen, None
+        self._chosen_here = None
         if trainer.world_size > 1:  # one run id, so every rank names the checkpoint (and its shard) as rank 0 does
             self.run_id = trainer.strategy.broadcast(self.run_id, src=0)
         start, self._start = self._start, None
@@ -309,11 +305,11 @@ class ResumeCallback(ModelCheckpoint):
                                   f"(atomic, verified, MiniMind's files), but the Trainer has {type(io).__name__} as its "
                                   "checkpoint plugin: remove it from Trainer(plugins=...)")
         io.async_writes = self.async_save
+        io.datamodule_type = type(trainer.datamodule) if trainer.datamodule is not None else None
         return io
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        STOP.install()  # replaces Lightning's SIGTERM handler: a signal now waits for the optimizer step
-        STOP.release_sigterm()  # held since start-up (python -m lit_minimind.fit), away from Lightning's handler
+        after_lightning_handlers(STOP)  # ours replaces Lightning's: a signal now waits for the optimizer step
         self.schedule.saved()
         if self.resumed_from is not None:
             self.resume_records.update(resume_record(trainer, self.resumed_from))
@@ -347,11 +343,9 @@ class ResumeCallback(ModelCheckpoint):
         stop = self._agree(trainer, stepped)
         self._save_due = self._save_due or self.schedule.by_step(step, iters)
         if not stepped:
-            if trainer.should_stop:  # a max_time stop (Lightning's Timer) inside a window: at its optimizer step
-                trainer.should_stop, self._end_due = False, True
+            self._end.hold(trainer)  # a max_time stop (Lightning's Timer) inside a window: at its optimizer step
             return
-        if self._end_due:
-            trainer.should_stop, self._end_due = True, False
+        self._end.release(trainer)
         if self._best_due:
             self._save_best(trainer, pl_module)
         ends = trainer.should_stop or 0 < trainer.max_steps <= trainer.global_step
@@ -411,7 +405,7 @@ class ResumeCallback(ModelCheckpoint):
                 print(self.remote.behind_line(), file=sys.stderr, flush=True)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if int(trainer.fit_loop.epoch_loop.batch_progress.current.processed) >= int(trainer.num_training_batches):
+        if batches_done(trainer) >= int(trainer.num_training_batches):
             self.save(trainer, pl_module)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -421,7 +415,7 @@ class ResumeCallback(ModelCheckpoint):
             return
         if self.best_val_loss is None or float(val) < self.best_val_loss:
             self.best_val_loss = float(val)
-            step = int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+            step = batches_done(trainer)
             if window_complete(step, int(trainer.num_training_batches), trainer.accumulate_grad_batches):
                 self._save_best(trainer, pl_module)
             else:
@@ -439,7 +433,7 @@ class ResumeCallback(ModelCheckpoint):
     def save(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Checkpoint (the commit record), then MiniMind's ``_resume.pth`` link and fp16 export; with
         ``async_save`` the loop waits only for the snapshot, the files are written in the background."""
-        epoch, step = trainer.current_epoch, int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+        epoch, step = trainer.current_epoch, batches_done(trainer)
         self._save_due = False
         if self._last_saved == (epoch, step):
             return

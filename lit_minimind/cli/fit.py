@@ -35,7 +35,7 @@ from lit_minimind.cli.export import export_after_fit
 from lit_minimind.cli.flags import help_epilog, mapping_line, name_origins, translate
 from lit_minimind.cli.from_weight import load_start_weights, weight_path
 from lit_minimind.cli.help import DESCRIPTION, HELP_TRAINER, PROG, USAGE, HelpFormatter, arrange
-from lit_minimind.cli.output import MiniMindSummary, hide_harmless_noise, lines_start_lines
+from lit_minimind.cli.output import hide_harmless_noise, lines_start_lines
 from lit_minimind.cli.presets import DEFAULT_CONFIG, resolve_presets  # lit_minimind/conf, in the package
 from lit_minimind.cli.stage import apply_stage_defaults
 from lit_minimind.cli.validate import parse_error_line, validate
@@ -43,6 +43,7 @@ from lit_minimind.data.datamodule import MiniMindDataModule
 from lit_minimind.errors import CheckpointError, DataError, UsageError
 from lit_minimind.model.minimind import SkipWeightInit
 from lit_minimind.model.module import LitMiniMind
+from lit_minimind.resume.internals import MiniMindSummary
 
 
 class MiniMindCLI(LightningCLI):

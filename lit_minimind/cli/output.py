@@ -8,7 +8,8 @@
   "Precision bf16-mixed is not supported", the tensorboardX notice, the ``log_every_n_steps`` "smaller than
   the logging interval" warning, torch's ``_pytree`` ``LeafSpec`` deprecation in Lightning's code, under
   DDP the ``sync_dist=True`` advice for LitMiniMind's epoch means, which torchmetrics reduced already) are
-  filtered: logging filters on the loggers that print them, warnings filters on their messages.
+  filtered: logging filters on the loggers that print them, warnings filters on their messages (the texts:
+  :mod:`lit_minimind.resume.internals`, with every other use of Lightning's internals).
   ``LIT_MINIMIND_VERBOSE=1`` shows everything.
 """
 
@@ -16,35 +17,15 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import sys
 import threading
 import warnings
 from collections.abc import Callable
 from typing import Any
 
-from lightning.pytorch.callbacks import ModelSummary
+from lit_minimind.resume.internals import NO_FLOPS, NOISE_LINES, NOISE_WARNINGS, NOISY_LOGGERS
 
 VERBOSE_ENV = "LIT_MINIMIND_VERBOSE"
-
-# rank_zero_info's (lightning.pytorch's and lightning.fabric's) and the model summary's loggers
-NOISY_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero",
-                 "lightning.pytorch.callbacks.model_summary")
-NOISE_LINES = (
-    re.compile(r"💡 Tip: "),  # litlogger / litmodels advertisements
-    re.compile(r"(?:GPU|TPU|HPU|IPU) available: "),  # what the accelerator flags already say
-    re.compile(r"Trainer already configured with model summary callbacks"),  # ours: MiniMindSummary
-)
-# the summary's "0         Total Flops" (Lightning counts FLOPs only with an example input)
-_NO_FLOPS = re.compile(r"^(?:0\s+Total Flops|Total Flops:?\s+0)[ \t]*(?:\n|$)", re.M | re.I)
-NOISE_WARNINGS = (
-    r"Precision \S+ is not supported by the model summary",  # its size estimate: 32 bits, right for mixed
-    r"Starting from v1\.9\.0, `tensorboardX` has been removed",  # logger=True: the CSV logger, as wanted
-    r"The number of training batches \(\d+\) is smaller than the logging interval",  # MiniMindConsole logs every batch
-    r".*isinstance\(treespec, LeafSpec\)",  # Lightning 2.6's use of a torch API torch 2.13 deprecates
-    # DDP: LitMiniMind logs torchmetrics means, already reduced across ranks by compute()
-    r"It is recommended to use `self\.log\('(?:mean_loss|val_loss|val_perplexity)', \.\.\., sync_dist=True\)`",
-)
 
 
 def verbose() -> bool:
@@ -59,8 +40,8 @@ class HarmlessLines(logging.Filter):
         message = record.getMessage()
         if any(p.match(message) for p in NOISE_LINES):
             return False
-        if _NO_FLOPS.search(message):
-            record.msg, record.args = _NO_FLOPS.sub("", message).rstrip("\n"), None
+        if NO_FLOPS.search(message):
+            record.msg, record.args = NO_FLOPS.sub("", message).rstrip("\n"), None
         return True
 
 
@@ -77,19 +58,6 @@ def hide_harmless_noise() -> bool:
     for name in NOISY_LOGGERS:
         logging.getLogger(name).addFilter(HARMLESS_LINES)
     return True
-
-
-class MiniMindSummary(ModelSummary):
-    """Lightning's model summary as text (through its logger, like its other lines), without the FLOPs
-    column when nothing was counted (Lightning counts FLOPs only with an ``example_input_array``)."""
-
-    @staticmethod
-    def summarize(summary_data: list[tuple[str, list[str]]], total_parameters: int, trainable_parameters: int,
-                  model_size: float, total_training_modes: dict[str, int], total_flops: int, **kwargs: Any) -> None:
-        if not total_flops:
-            summary_data = [(name, column) for name, column in summary_data if name != "FLOPs"]
-        ModelSummary.summarize(summary_data, total_parameters, trainable_parameters, model_size, total_training_modes,
-                               total_flops=total_flops, **kwargs)
 
 
 class _Lines:

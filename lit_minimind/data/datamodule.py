@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 from lit_minimind.data.sampler import MINIMIND_SEED, EpochShardSampler, ResumableBatchSampler
 from lit_minimind.data.workers import worker_init_fn
 from lit_minimind.errors import CheckpointError, PositionError
+from lit_minimind.resume.internals import batches_done
 from lit_minimind.resume.states import DataPosition, position_here
 
 
@@ -179,7 +180,7 @@ class MiniMindDataModule(L.LightningDataModule):
             return {}
         return {
             "epoch": trainer.current_epoch,
-            "step": int(trainer.fit_loop.epoch_loop.batch_progress.current.processed),
+            "step": batches_done(trainer),
             "world_size": trainer.world_size,
             "iters": self.batches_per_epoch(trainer.world_size),
             "batch_size": self.batch_size,

@@ -18,6 +18,7 @@ from lit_minimind.checkpoint.atomic import atomic_save, remove_file
 from lit_minimind.checkpoint.names import MANIFEST_FIELDS, RESUME_STATE_KEY
 from lit_minimind.checkpoint.read import checkpoint_kind, read_checkpoint
 from lit_minimind.errors import CheckpointError
+from lit_minimind.resume.internals import adopt_data_state
 
 
 class Snapshot:
@@ -90,6 +91,7 @@ class SafeCheckpointIO(TorchCheckpointIO):
         self._snapshot = Snapshot()
         self._handed_over: tuple[str, dict[str, Any]] | None = None
         self._chosen: str | None = None
+        self.datamodule_type: type | None = None  # the run's DataModule class: its state's key (set at setup)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
         """Atomic write; an OSError is kept for :meth:`take_error` instead of raised, so that rank 0
@@ -165,10 +167,10 @@ class SafeCheckpointIO(TorchCheckpointIO):
         else:
             ckpt = read_checkpoint(path, map_location or "cpu")
         kind = checkpoint_kind(ckpt)
-        if kind == "lightning":
+        if kind in ("lightning", "minimind_resume"):
+            ckpt = ckpt if kind == "lightning" else to_lightning(ckpt)
+            adopt_data_state(ckpt, self.datamodule_type)  # a user's subclass of the DataModule: its own key
             return ckpt
-        if kind == "minimind_resume":
-            return to_lightning(ckpt)
         if kind == "weights":
             raise CheckpointError(
                 f"{path}: holds model weights only (an fp16 export?), not a resume checkpoint; "
