@@ -3,7 +3,7 @@
 The CLI trains ``reps + 2`` micro-batches (4 x 256) with a save after each, sync and async (the default), with
 :class:`SaveCost` on its command line: before each save it times MiniMind's save (fp16 export + resume dict) and a bare
 ``torch.save`` of the dict Lightning assembled for the last save, alternately; after it, ours: the loop's wait
-(``ResumeCallback.save_seconds``, the stall; ÷ bare within a repetition) and the time until committed; ``os.sync()``
+(``ResumeCallback.manager.save_seconds``, the stall; ÷ bare within a repetition) and the time until committed; ``os.sync()``
 after each, the first of each kind a warm-up, one more save profiled (cProfile). Bytes: every file a save leaves (a hard
 link once); peak extra RSS: ``VmHWM`` minus the RSS before; slowdown at 1000 = stall / (1000 x step). Targets: bytes
 <= 1.4x MiniMind's, async stall <= 0.2x bare, slowdown <= 1 %.
@@ -93,8 +93,8 @@ class SaveCost(L.Callback):
         rss, usage = hwm() - self.before[0], thread_usage()
         os.sync()
         if record:
-            self.times["ours"].append(trainer.checkpoint_callback.save_seconds[0])
-            self.times["ours_written"].append(trainer.checkpoint_callback.save_seconds[1])
+            self.times["ours"].append(trainer.checkpoint_callback.manager.save_seconds[0])
+            self.times["ours_written"].append(trainer.checkpoint_callback.manager.save_seconds[1])
             for key, a, b in zip(("ours_user", "ours_sys", "ours_minflt"), self.before[1], usage):
                 self.times[key].append(b - a)
             self.rss["ours"] = max(self.rss["ours"], rss)
@@ -123,7 +123,7 @@ class SaveCost(L.Callback):
                 if self.batch >= 3:  # the first of each: a warm-up
                     self.times[name].append(seconds)
                     self.rss[name] = max(self.rss[name], rss)
-            if self.batch == trainer.max_steps and not trainer.checkpoint_callback.async_save:
+            if self.batch == trainer.max_steps and not trainer.checkpoint_callback.manager.async_save:
                 prof, t = cProfile.Profile(), time.perf_counter()
                 prof.runcall(minimind)
                 self.profiles["minimind"] = buckets(prof, time.perf_counter() - t)
@@ -135,7 +135,7 @@ class SaveCost(L.Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.profile.disable()
         self.ours(trainer, record=False)
-        self.profiles["ours"] = buckets(self.profile, trainer.checkpoint_callback.save_seconds[0])
+        self.profiles["ours"] = buckets(self.profile, trainer.checkpoint_callback.manager.save_seconds[0])
         emit("savecost", times=self.times, rss=self.rss, params=int(pl_module.model.num_parameters()),
              snapshot_bytes=trainer.strategy.checkpoint_io.snapshot_bytes, step_s=statistics.median(self.step[1:]),
              profile=self.profiles)

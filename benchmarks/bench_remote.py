@@ -3,7 +3,7 @@
 moto's S3 server on localhost (its own process, nice 15) stands in for a bucket, through ``s3fs``. Upload of a 256 MB
 checkpoint: a bare ``s3fs.put_file`` vs ``RemoteDir.upload`` (size + CRC-32 read back from the remote, a manifest
 object), alternating after a warm-up. Loop stall: the CLI (256x4, a save every 2 of 24 batches) with
-:class:`benchmarks.probes.Probe` (``ResumeCallback.save_seconds`` of each save but the first), local directories vs
+:class:`benchmarks.probes.Probe` (``ResumeCallback.manager.save_seconds`` of each save but the first), local directories vs
 ``s3://`` ones (the same local save, then a background upload); target remote ÷ local <= 1.2.
 """
 

@@ -32,14 +32,14 @@ MARKERS = [("seed", "Seed set to"), ("restoring", "Restoring states from the che
 KINDS = ["resume -X importtime", "resume", "import torch, lightning", "isolated parts"]
 ISOLATED = f"""
 import json, sys, time
-from lit_minimind.callbacks.files import choose_checkpoint
+from lit_minimind.resume.start import choose_checkpoint
 from lit_minimind.data.datamodule import MiniMindDataModule
-from lit_minimind.resume.io import read_start_checkpoint
+from lit_minimind.checkpoint.read import read_checkpoint
 ckpt_dir, data, tok = sys.argv[1:4]
 t0 = time.perf_counter()
 path = choose_checkpoint("last", ckpt_dir, sys.argv[4], 0)
 t1 = time.perf_counter()
-read_start_checkpoint(path)
+read_checkpoint(path, "cpu")
 t2 = time.perf_counter()
 MiniMindDataModule(data_path=data, tokenizer_path=tok, max_seq_len={MAX_SEQ_LEN}, batch_size={BATCH_SIZE}).setup("fit")
 print(json.dumps({{"checkpoint choice": t1 - t0, "checkpoint read": t2 - t1,

@@ -1,7 +1,7 @@
 """What the benchmarks put into a training run (:class:`Probe`, a callback given on the CLI's command line:
 ``--trainer.callbacks+=benchmarks.probes.Probe``), and the plain PyTorch loop they compare it with (:func:`plain_loop`,
 ``python -m benchmarks.probes '{json}'``). Public hooks only (Lightning's callback hooks, torch's forward and optimizer
-step hooks, ``ResumeCallback.save_seconds`` / ``last_model_path``). Both print ``@@bench {json}`` lines (``t``:
+step hooks, ``ResumeCallback.manager.save_seconds`` / ``last_model_path``). Both print ``@@bench {json}`` lines (``t``:
 ``time.monotonic()``): ``init``, ``setup``, ``train_start``, the first ``batch_start`` (``reads``: dataset reads before
 it, counted by ``sys.setprofile``) and ``batch_end``, ``committed`` (``kill_after_commit``: the first save is written,
 the process group is SIGKILLed) and ``end`` (every batch's ``marks``, the saves, the last loss, the device's facts).
@@ -136,9 +136,9 @@ class Probe(L.Callback):
         if cb.last_model_path != self.last_path:
             self.last_path = cb.last_model_path
             self.saves.append({"batch": len(self.marks.ends), "global_step": trainer.global_step,
-                               "s": cb.save_seconds[0], "async": bool(cb.async_save), "path": cb.last_model_path})
+                               "s": cb.manager.save_seconds[0], "async": bool(cb.manager.async_save), "path": cb.last_model_path})
         # the first save's files are written: its publish set save_seconds[1], or a second save began (one in flight)
-        if self.kill_after_commit and (len(self.saves) > 1 or cb.save_seconds[1] is not None):
+        if self.kill_after_commit and (len(self.saves) > 1 or cb.manager.save_seconds[1] is not None):
             emit("committed", path=self.saves[0]["path"])
             os.killpg(os.getpgid(0), signal.SIGKILL)
 

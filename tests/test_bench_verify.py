@@ -8,6 +8,7 @@ checkpoint was deleted.
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -39,13 +40,24 @@ def test_bench_verify_quick(tmp_path: Path) -> None:
     assert data["table"] in proc.stdout
     assert (out / "verify.png").read_bytes()[:8] == PNG_MAGIC
     assert set(data["results"]) == {"hot", "cold"}
+    assert set(data["speed_ratio_verify_vs_baseline"]) == {"hot", "cold"}
     for cache, variants in data["results"].items():
         assert {"verify_file", data["baseline"]} <= set(variants)
+        baseline_s = variants[data["baseline"]]["s"]["values"]
         for r in variants.values():
             assert positive(r["s"]) and positive(r["gb_per_s"]) and positive(r["speed_vs_baseline"])
             assert r["s"]["n"] == data["reps"]
-        assert variants[data["baseline"]]["speed_vs_baseline"]["median"] == 1.0
-    assert data["speed_ratio_verify_vs_baseline"]["hot"] == data["results"]["hot"]["verify_file"]["speed_vs_baseline"]
+            # derived from the measured seconds: speed = the baseline's seconds / the variant's within each
+            # repetition (the median of those ratios), GB/s = the file's bytes / seconds
+            speeds = [b / s for b, s in zip(baseline_s, r["s"]["values"])]
+            assert r["speed_vs_baseline"]["values"] == pytest.approx(speeds, rel=1e-9)
+            assert r["speed_vs_baseline"]["median"] == pytest.approx(statistics.median(speeds), rel=1e-9)
+            assert r["gb_per_s"]["values"] == pytest.approx([data["file_bytes"] / s / 1e9 for s in r["s"]["values"]],
+                                                            rel=1e-9)
+        # the headline ratio is verify_file's seconds against the baseline's, in this cache state
+        verify_s = variants["verify_file"]["s"]["values"]
+        assert data["speed_ratio_verify_vs_baseline"][cache]["median"] == pytest.approx(
+            statistics.median(b / s for b, s in zip(baseline_s, verify_s)), rel=1e-9)
     assert 4 << 20 < data["file_bytes"] < 16 << 20 and data["records"] > 10
     if data["verify_bytes_read"] is not None:  # one pass: the file plus a few KiB of headers
         assert data["file_bytes"] <= data["verify_bytes_read"] < data["file_bytes"] + (64 << 10)

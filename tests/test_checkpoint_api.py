@@ -211,7 +211,7 @@ def test_resume_from_other_library_versions_warns() -> None:
     import warnings
 
     from lit_minimind.callbacks.resume import ResumeCallback
-    from lit_minimind.resume.library import library_versions
+    from lit_minimind.resume.states import library_versions
 
     here = library_versions()
     for lib in ("torch", "lightning"):

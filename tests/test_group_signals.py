@@ -12,8 +12,8 @@ import psutil
 import pytest
 import torch
 
-from lit_minimind.callbacks.files import resolve_last
 from lit_minimind.checkpoint.read import verify_checkpoint
+from lit_minimind.resume.start import resolve_last
 from tests.helpers.runs import JOB_ID, SLURM, Run, Running, at_line, dataloader_workers, env_with, need_shared, run_cli, tiny_args
 
 WORKERS = ["--data.num_workers", "2"]

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from lit_minimind.checkpoint.names import TRAINING_STATE_FORMAT, TRAINING_STATE_KEY
 from tests.helpers.runs import MINIMIND, cli_env, need_shared, run_cli, tiny_args
 
 
@@ -27,11 +28,22 @@ def our_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run_dir
 
 
-def test_inspect_our_resume_file_and_lightning_ckpt(our_run: Path) -> None:
-    info = json.loads(inspect(our_run / "checkpoints" / "pretrain_64_resume.pth", "--json").stdout)
+def test_inspect_our_resume_file_and_lightning_ckpt(our_run: Path, tmp_path: Path) -> None:
+    resume = our_run / "checkpoints" / "pretrain_64_resume.pth"
+    info = json.loads(inspect(resume, "--json").stdout)
     # _resume.pth is a hard link to the newest checkpoint: Lightning's format with MiniMind's keys
     assert info["valid"] and info["format"] == "lightning" and info["written_by"] == "lit-minimind"
-    assert info["minimind_keys"] and not info["partial_gradients"]
+    assert info["minimind_keys"] and info["partial_gradients"] is False
+    # a save is taken at an optimizer-step boundary: the training state holds each rank's RNG only (format 3)
+    ckpt = torch.load(resume, weights_only=True, map_location="cpu")
+    training = ckpt[TRAINING_STATE_KEY]
+    assert training["format"] == TRAINING_STATE_FORMAT and training["world_size"] == 1
+    assert [sorted(rank) for rank in training["ranks"]] == [["rng"]]
+    assert {"torch", "python", "numpy"} <= training["ranks"][0]["rng"].keys()
+    # a file of format 2 (written before) that lists a rank's gradients: inspect says so
+    training.update(format=2, ranks=[{**training["ranks"][0], "grads": {"model.lm_head.weight": torch.ones(2)}}])
+    torch.save(ckpt, tmp_path / "format2.ckpt")
+    assert json.loads(inspect(tmp_path / "format2.ckpt", "--json").stdout)["partial_gradients"] is True
     assert (info["epoch"], info["step"], info["world_size"], info["global_step"]) == (0, 12, 1, 6)
     assert info["model_config"]["hidden_size"] == 64 and info["model_config"]["num_hidden_layers"] == 2
     assert info["parameters"] == 532832 and info["dtypes"] == {"float32": 25}

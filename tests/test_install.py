@@ -46,8 +46,8 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> dict:
     tmp = tmp_path_factory.mktemp("install")
     src = tmp / "src"
     shutil.copytree(ROOT, src, symlinks=True, ignore=NOT_SOURCE)  # callbacks/ and conf/ stay links, as in a clone
-    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index",
-          "--disable-pip-version-check", "-w", str(tmp / "dist"), str(src)])
+    build = _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index",
+                  "--disable-pip-version-check", "-w", str(tmp / "dist"), str(src)])
     wheel, = (tmp / "dist").glob("lit_minimind-*.whl")
     venv = tmp / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
@@ -63,7 +63,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> dict:
     work = tmp / "work"  # empty: no conf/, no lit_minimind/ to import from the cwd
     work.mkdir()
     env = {k: v for k, v in cli_env().items() if k != "PYTHONPATH"}
-    return {"wheel": wheel, "venv": venv, "python": str(python), "site": site, "cwd": work, "env": env}
+    return {"build": build.stdout + build.stderr, "wheel": wheel, "venv": venv, "python": str(python), "site": site, "cwd": work, "env": env}
 
 
 def installed_and_checkout(installed: dict, there: list[str], here: list[str], there_cwd: Path | None = None,
@@ -80,6 +80,14 @@ def test_the_wheel_holds_the_package_and_its_configs(installed: dict) -> None:
     assert {n for n in names if n.startswith("lit_minimind/conf/")} == {f"lit_minimind/conf/{p}" for p in PRESETS}
     assert "default.yaml" in PRESETS and "minimind_pretrain.yaml" in PRESETS
     assert "lit_minimind/callbacks/__init__.py" in names and not any("__pycache__" in n for n in names)
+
+
+def test_the_build_is_clean(installed: dict) -> None:
+    """No setuptools deprecation (``project.license`` as a TOML table: "By 2027-Feb-18, ... your builds will no
+    longer be supported"): the license is an SPDX expression, in the wheel's metadata as such."""
+    assert "license" not in installed["build"].lower() and "deprecat" not in installed["build"].lower(), installed["build"]
+    metadata = zipfile.ZipFile(installed["wheel"]).read("lit_minimind-0.1.0.dist-info/METADATA").decode()
+    assert "\nLicense-Expression: Apache-2.0\n" in metadata, metadata[:1000]
 
 
 def test_it_imports_the_installed_package_and_its_presets(installed: dict) -> None:

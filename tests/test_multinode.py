@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lit_minimind.callbacks.files import resolve_last
+from lit_minimind.resume.start import resolve_last
 from tests.helpers.runs import (
     LINE_RE,
     assert_resumed,

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lit_minimind.callbacks.files import choose_checkpoint
 from lit_minimind.checkpoint.atomic import atomic_save
+from lit_minimind.resume.start import choose_checkpoint
 from tests.helpers.runs import LINE_RE, cli_env, need_shared, run_cli, tiny_args
 
 SLURM = {"SLURM_JOB_ID": "77", "SLURM_JOB_NAME": "train", "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2",

@@ -11,7 +11,7 @@ import torch
 from lightning.pytorch.plugins import MixedPrecision
 
 from lit_minimind.model.precision import CPUFloat16Mixed
-from lit_minimind.resume.states import adopt_scaler_state
+from lit_minimind.resume.internals import adopt_scaler_state
 
 
 def cuda_plugin() -> MixedPrecision:

@@ -1,11 +1,14 @@
 """The tests' forked runs (tests/helpers/zygote.py) behave as launched ones: a forked run prints and saves what
 ``python -m lit_minimind.fit`` started afresh prints and saves, but for what two fresh launches differ in too
-(wall-clock figures, the random run id)."""
+(wall-clock figures, the random run id), and two runs one after the other hash strings differently, as two launched
+Pythons do."""
 
 from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +19,9 @@ from tests.helpers.runs import cli_env, need_shared, run_cli, tiny_args
 
 RUN_ID = re.compile(r"_[0-9a-f]{8}(?=\.ckpt$)")
 TIMINGS = re.compile(r"\d+\.\d+ s|[\d,]+ tokens/s|epoch_time: [\d.]+min")  # wall-clock figures
+# imported by the run as it parses its flags (--trainer.callbacks+=hash_probe.Probe, from the run's cwd): it prints
+# the run's hash of a string and ends the run there
+HASH_PROBE = 'import os\nprint("hash", hash("x"), flush=True)\nos._exit(0)\n'
 
 
 def leaves(obj: object, path: str = "") -> dict[str, object]:
@@ -49,10 +55,11 @@ def test_a_forked_run_prints_and_saves_what_a_launched_one_does(tmp_path: Path, 
         monkeypatch.setenv("LIT_MINIMIND_FORK", "1" if how == "forked" else "0")
         run_dir = tmp_path / how
         run_dir.mkdir()
-        if how == "forked":  # a zygote serves this environment
-            probe = zygote.start(["--help"], run_dir, cli_env())
-            assert probe is not None, "no zygote served the run"
-            assert "--resume.save_interval" in probe.stdout.read() and probe.wait(60) == 0
+        if how == "forked":  # both zygotes of this environment serve (its runs alternate between them)
+            for _ in range(2):
+                probe = zygote.start(["--help"], run_dir, cli_env())
+                assert probe is not None, "no zygote served the run"
+                assert "--resume.save_interval" in probe.stdout.read() and probe.wait(60) == 0
         runs[how] = run_cli(run_dir, args)
         assert runs[how].returncode == 0, runs[how].stderr[-2000:]
         files[how] = saved(run_dir)
@@ -69,3 +76,34 @@ def test_a_forked_run_prints_and_saves_what_a_launched_one_does(tmp_path: Path, 
                 assert same(files["forked"][name][key], value), f"{name}: {key} differs from a launched run's"
                 compared += 1
     assert compared > 100  # the weights, the optimizer's moments, the RNG states, the positions, ...
+
+
+def test_runs_one_after_the_other_hash_strings_differently(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fresh Python draws its string-hash seed at start, a fork keeps its zygote's: the runs of one environment
+    alternate between two zygotes of different seeds, so a run and the next (an interrupted run and its resume)
+    see different hashes, and code that depends on hash order across processes shows; an environment's own
+    PYTHONHASHSEED holds in every run, as in a launched one."""
+    if os.environ.get("LIT_MINIMIND_MUTANT"):
+        pytest.skip("a mutant run launches every run (its patches apply at interpreter start)")
+    monkeypatch.setenv("LIT_MINIMIND_FORK", "1")
+    (tmp_path / "hash_probe.py").write_text(HASH_PROBE)
+
+    def hashes(env: dict[str, str]) -> list[int]:
+        seen = []
+        for _ in range(3):
+            run = zygote.start(["--trainer.callbacks+=hash_probe.Probe"], tmp_path, env)
+            assert run is not None, "no zygote served the run"
+            out, err = run.stdout.read(), run.stderr.read()
+            assert run.wait(60) == 0, err[-2000:]
+            printed = re.search(r"^hash (-?\d+)$", out, re.M)
+            assert printed is not None, out[-2000:] + err[-2000:]
+            seen.append(int(printed[1]))
+        return seen
+
+    env = {k: v for k, v in cli_env().items() if k != "PYTHONHASHSEED"}  # also when the suite runs with one
+    first, second, third = hashes(env)
+    assert first != second and second != third, "two forked runs one after the other hashed strings alike"
+    fixed = hashes({**env, "PYTHONHASHSEED": "123"})
+    launched = subprocess.run([sys.executable, "-c", 'print(hash("x"))'], env={**env, "PYTHONHASHSEED": "123"},
+                              capture_output=True, text=True, timeout=60, check=True)
+    assert fixed == [int(launched.stdout)] * 3

@@ -143,9 +143,15 @@ class MiniMindConsole(Callback):
             return None
         return self.history.epoch_row(trainer, trainer.current_epoch, self.micro_step or 0)
 
-    def continue_logs(self, trainer: L.Trainer, ckpt: dict[str, Any]) -> None:
-        """Before a resume from ``ckpt``: CSV logs continue its log directory (:meth:`LogHistory.continue_logs`)."""
-        self.history.continue_logs(trainer, ckpt)
+    # ------------------------------------------------------------------ the checkpoint manager's events
+    def on_checkpoint_chosen(self, trainer: L.Trainer, start: Any) -> None:
+        """Before a resume from ``start`` (global rank 0's read): CSV logs continue its log directory
+        (:meth:`LogHistory.continue_logs`)."""
+        self.history.continue_logs(trainer, start.ckpt)
+
+    def on_checkpoint_saved(self, trainer: L.Trainer, path: str) -> None:
+        """A save's snapshot is taken: its line in the CSV log directory's ledger (callbacks.log_lineage)."""
+        self.ledger.record(trainer, path)
 
     # ------------------------------------------------------------------ hooks
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -160,11 +166,9 @@ class MiniMindConsole(Callback):
         self._fit_start = time.perf_counter()
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.ledger.record(trainer)
         flush_loggers(trainer)  # the previous epoch's rows logged after its checkpoint (mean_loss, val_loss)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
-        self.ledger.record(trainer)  # the save after the previous batch (ResumeCallback saves after this hook)
         step, iters = batch_idx + 1, int(trainer.num_training_batches)
         if self.micro_step is None:  # a fresh run, or a checkpoint without our state: count from the position
             self.micro_step = trainer.current_epoch * iters + batch_idx
@@ -245,7 +249,6 @@ class MiniMindConsole(Callback):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.log_pending(trainer)
-        self.ledger.record(trainer)
         self.train_seconds = time.perf_counter() - self._fit_start
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:

@@ -112,24 +112,19 @@ class SaveLedger:
     def __init__(self) -> None:
         self._recorded: str | None = None  # the newest save written down
 
-    def record(self, trainer: Any) -> None:
-        """The newest ResumeCallback save since the last call (``last_model_path``: set once its snapshot is taken)."""
-        if not trainer.is_global_zero:
+    def record(self, trainer: Any, path: str) -> None:
+        """A ResumeCallback save, once its snapshot is taken (the manager's ``saved`` event)."""
+        entry = save_entry(path)
+        if not trainer.is_global_zero or entry is None or path == self._recorded:
             return
-        newest = next((cb.last_model_path for cb in trainer.checkpoint_callbacks
-                       if getattr(cb, "last_model_path", "") and save_entry(cb.last_model_path)), None)
-        if not newest or newest == self._recorded:
-            return
-        self._recorded = newest
-        entry = save_entry(newest)
+        self._recorded = path
         for log_dir in csv_log_dirs(trainer):
-            append(log_dir, entry)  # type: ignore[arg-type]
+            append(log_dir, entry)
 
     def end(self, trainer: Any) -> None:
         """The fit ended normally: every save is committed (ResumeCallback waited for them at train end)."""
         if not trainer.is_global_zero or getattr(trainer.strategy.checkpoint_io, "failed", False):
             return
-        self.record(trainer)
         for log_dir in csv_log_dirs(trainer):
             append(log_dir, {"end": True, "global_step": int(trainer.global_step)})
 

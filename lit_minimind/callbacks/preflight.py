@@ -6,11 +6,13 @@ A read-only or full ``--resume.ckpt_dir`` would otherwise show only at the first
 * the checkpoint directory (``ResumeCallback.files.ckpt_dir``: the local staging one of a URL
   directory), the fp16 export directory (``files.out_dir``) and every logger's directory
   (``root_dir``, else ``save_dir``): each is a directory, or can be made in its nearest existing
-  parent, which is a directory and writable (a read-only filesystem named as such);
-* free space for one save on each filesystem (``shutil.disk_usage``; directories on one filesystem add up):
+  parent, which is a directory and writable: a directory made there and removed at once (root passes
+  ``os.access`` everywhere, ``/proc`` included); a read-only filesystem named as such;
+* free space for one save on each filesystem (``shutil.disk_usage``; directories on one filesystem add up;
+  one that reports no size at all is not checked):
   the checkpoint holds the weights, AdamW's two moments per trainable parameter and MiniMind's fp16 copy
   (``params x (4 + 8 + 2)`` bytes in fp32), the export ``params x 2``, each plus 10 % and 1 MiB, a logger 1 MiB;
-* a URL directory (:mod:`lit_minimind.callbacks.remote`) of a fresh run: its bucket looked up once;
+* a URL directory (:mod:`lit_minimind.resume.remote`) of a fresh run: its bucket looked up once;
   a bucket that does not exist or denies access stops the run, one that does not answer is said in one
   line (training goes on, its uploads are retried, as in the rest of the run).
 
@@ -24,9 +26,11 @@ check removes those it left empty.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import sys
+import tempfile
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,6 +112,28 @@ def _existing(directory: Path) -> Path:
     return path
 
 
+def _not_writable(start: Path) -> str | None:
+    """Why nothing can be made in the existing directory ``start``, or None. ``os.access`` first, then a real
+    try (a directory made and removed at once): root passes ``os.access`` everywhere, ``/proc`` and ``/sys``
+    included, whose ``disk_usage`` then reads 0 bytes free - a full disk it is not."""
+    read_only = bool(os.statvfs(start).f_flag & os.ST_RDONLY)
+    if not os.access(start, os.W_OK | os.X_OK):
+        return "read-only file system" if read_only else "permission denied"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".lit-minimind-preflight-", dir=start))
+    except OSError as err:
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            return None  # writable but full: the free-space check names what is free and what is needed
+        if read_only or err.errno == errno.EROFS:
+            return "read-only file system"
+        if os.statvfs(start).f_blocks == 0:  # /proc (ENOENT), /sys (EPERM): no storage behind it
+            return "a virtual file system, no storage"
+        if err.errno in (errno.EACCES, errno.EPERM):
+            return "permission denied"
+        return (err.strerror or type(err).__name__).lower()
+    return None
+
+
 def problem(directories: list[Need]) -> str | None:
     """The first thing that stops the run, as one line naming the directory; None when every one is fine."""
     by_filesystem: dict[int, list[tuple[Need, Path]]] = {}
@@ -118,16 +144,16 @@ def problem(directories: list[Need]) -> str | None:
             what = "a file" if start.exists() else "a broken link"
             it = "it" if start == need.directory.absolute() else str(start)
             return f"{where}: not a directory ({it} is {what}); nothing was started"
-        if not os.access(start, os.W_OK | os.X_OK):
-            read_only = bool(os.statvfs(start).f_flag & os.ST_RDONLY)
-            why = "read-only file system" if read_only else "permission denied"
+        why = _not_writable(start)
+        if why:
             at = "" if start == need.directory.absolute() else f" (cannot create it in {start})"
             return f"{where}: not writable: {why}{at}; nothing was started - choose a writable directory"
         by_filesystem.setdefault(start.stat().st_dev, []).append((need, start))
     for group in by_filesystem.values():
         wanted = sum(need.size for need, _ in group)
-        free = shutil.disk_usage(group[0][1]).free
-        if free < wanted:
+        usage = shutil.disk_usage(group[0][1])
+        free = usage.free
+        if usage.total and free < wanted:  # total 0: a file system that reports no size (tmpfs size=0, some FUSE)
             names = " and ".join(f"{need.flag} {need.directory}" for need, _ in group)
             parts = "; ".join(need.what for need, _ in group)
             return (f"{names}: {_mb(free)} MB free on {'their' if len(group) > 1 else 'its'} file system, "

@@ -5,8 +5,15 @@ Bytes and schemas only: nothing here knows about a Trainer (that seam is :mod:`l
 
 from lit_minimind.checkpoint.atomic import atomic_link, atomic_open, atomic_save, atomic_write_bytes, read_manifest
 from lit_minimind.checkpoint.names import checkpoint_paths, checkpoint_stem, manifest_path, minimind_file_names
-from lit_minimind.checkpoint.read import checkpoint_kind, read_checkpoint, verify_checkpoint
-from lit_minimind.checkpoint.weights import fp16_state_dict, fp16_weights, model_weights, shape_config, unwrap_model
+from lit_minimind.checkpoint.read import read_checkpoint, verify_checkpoint
+from lit_minimind.checkpoint.weights import (
+    checkpoint_kind,
+    fp16_state_dict,
+    fp16_weights,
+    model_weights,
+    shape_config,
+    unwrap_model,
+)
 from lit_minimind.errors import CheckpointError
 
 __all__ = [

@@ -27,14 +27,13 @@ from typing import Any
 
 import torch
 
-from lit_minimind.checkpoint.names import HF_CONFIG_KEY
+from lit_minimind.checkpoint.names import FIELDS_KEY, HF_CONFIG_KEY
 from lit_minimind.errors import CheckpointError
 
 CONFIG_FILE = "config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
-FIELDS_KEY = "minimind_config"  # beside HF_CONFIG_KEY in what :func:`read_hf_directory` returns
 TRANSFORMERS_VERSION = "5.24.0"  # the release whose converter output this layout was checked against
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}

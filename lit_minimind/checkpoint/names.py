@@ -25,6 +25,7 @@ DATA_STATE_KEY = "MiniMindDataModule"  # where Lightning keeps the DataModule's 
 RESUME_STATE_KEY = "ResumeCallback"  # ResumeCallback.state_key: where Lightning keeps its state (``callbacks[...]``)
 CONSOLE_STATE_KEY = "MiniMindConsole"  # MiniMindConsole.state_key
 HF_CONFIG_KEY = "hf_config"  # a Hugging Face directory read as a checkpoint dict (its config.json)
+FIELDS_KEY = "minimind_config"  # beside HF_CONFIG_KEY: its MiniMindConfig fields (checkpoint.hf.read_hf_directory)
 TRAINING_STATE_KEY = "lit_minimind"  # per-rank RNG (a save is taken at an optimizer-step boundary: no gradients)
 TRAINING_STATE_FORMAT = 3  # of TRAINING_STATE_KEY: 3 = RNG only (1, 2: partial gradients inline / in shards)
 LORA_KEY = ".lora."  # in every LoRA adapter's key (MiniMind's ``lora`` modules)
@@ -64,6 +65,14 @@ CHECKPOINT_SCHEMA: dict[str, str] = {
     "wandb_id": "ResumeCallback.on_save_checkpoint: the wandb run id (None without wandb)",
     "scaler": "ResumeCallback.on_save_checkpoint: MiniMind's GradScaler state ({} without one)",
 }
+
+
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def is_url(path: Any) -> bool:
+    """A directory given as a URL (``scheme://...``) rather than a local path."""
+    return isinstance(path, str) and bool(_URL.match(path))
 
 
 def checkpoint_paths(save_dir: str | os.PathLike, weight: str, hidden_size: int, use_moe: bool = False) -> tuple[Path, Path]:

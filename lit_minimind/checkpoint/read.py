@@ -7,15 +7,13 @@ import json
 import os
 import pickle
 import zipfile
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from lit_minimind.checkpoint.atomic import Fingerprint, read_manifest
-from lit_minimind.checkpoint.hf import is_hf_directory, read_hf_directory
-from lit_minimind.checkpoint.names import HF_CONFIG_KEY, MINIMIND_KEYS, manifest_path
+from lit_minimind.checkpoint.names import manifest_path
 from lit_minimind.checkpoint.verify import UnverifiableCheckpoint, verify_file
 from lit_minimind.errors import CheckpointError
 
@@ -119,8 +117,11 @@ def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     Raises :class:`CheckpointError` naming the file and what is wrong.
     """
     path = Path(path)
-    if is_hf_directory(path):
-        return read_hf_directory(path)
+    if path.is_dir():  # only then the Hugging Face reader (a file read never loads it)
+        from lit_minimind.checkpoint.hf import is_hf_directory, read_hf_directory
+
+        if is_hf_directory(path):
+            return read_hf_directory(path)
     if verify:
         verify_checkpoint(path)
     elif not path.is_file():
@@ -146,14 +147,3 @@ def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     return obj
 
 
-def checkpoint_kind(ckpt: Mapping[str, Any]) -> str:
-    """``lightning``, ``minimind_resume``, ``hf`` (a Hugging Face directory), ``weights`` or ``unknown``."""
-    if HF_CONFIG_KEY in ckpt:
-        return "hf"
-    if "state_dict" in ckpt and "pytorch-lightning_version" in ckpt:
-        return "lightning"
-    if all(k in ckpt for k in MINIMIND_KEYS):
-        return "minimind_resume"
-    if ckpt and all(isinstance(v, torch.Tensor) for v in ckpt.values()):
-        return "weights"
-    return "unknown"

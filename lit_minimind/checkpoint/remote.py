@@ -13,7 +13,6 @@ stores, prints or logs them.
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,17 +22,11 @@ from lit_minimind.checkpoint.atomic import Fingerprint, atomic_receive
 from lit_minimind.checkpoint.names import MANIFEST_SUFFIX, expired
 from lit_minimind.errors import CheckpointError, UsageError
 
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 # what to install for a scheme whose fsspec backend is missing
 _EXTRAS = {"s3": "pip install 'lit-minimind[s3]'", "s3a": "pip install 'lit-minimind[s3]'",
            "gs": "pip install gcsfs", "gcs": "pip install gcsfs",
            "az": "pip install adlfs", "abfs": "pip install adlfs", "abfss": "pip install adlfs"}
 CHUNK = 8 << 20  # bytes per read/write of a transfer
-
-
-def is_url(path: Any) -> bool:
-    """A directory given as a URL (``scheme://...``) rather than a local path."""
-    return isinstance(path, str) and bool(_URL.match(path))
 
 
 class RemoteDir:

@@ -17,10 +17,29 @@ from typing import Any
 import torch
 from torch import nn
 
-from lit_minimind.checkpoint.hf import FIELDS_KEY
-from lit_minimind.checkpoint.names import DATA_STATE_KEY, LORA_KEY, MODULE_PREFIX, RESUME_STATE_KEY
-from lit_minimind.checkpoint.read import checkpoint_kind
+from lit_minimind.checkpoint.names import (
+    DATA_STATE_KEY,
+    FIELDS_KEY,
+    HF_CONFIG_KEY,
+    LORA_KEY,
+    MINIMIND_KEYS,
+    MODULE_PREFIX,
+    RESUME_STATE_KEY,
+)
 from lit_minimind.errors import CheckpointError
+
+
+def checkpoint_kind(ckpt: Mapping[str, Any]) -> str:
+    """``lightning``, ``minimind_resume``, ``hf`` (a Hugging Face directory), ``weights`` or ``unknown``."""
+    if HF_CONFIG_KEY in ckpt:
+        return "hf"
+    if "state_dict" in ckpt and "pytorch-lightning_version" in ckpt:
+        return "lightning"
+    if all(k in ckpt for k in MINIMIND_KEYS):
+        return "minimind_resume"
+    if ckpt and all(isinstance(v, torch.Tensor) for v in ckpt.values()):
+        return "weights"
+    return "unknown"
 
 
 def fp16_weights(state_dict: Mapping[str, torch.Tensor], prefix: str = MODULE_PREFIX) -> dict[str, torch.Tensor]:

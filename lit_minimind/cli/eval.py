@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from lit_minimind.cli.plain import description
 from lit_minimind.errors import CheckpointError
 
 INSTALL_HINT = ("error: lm-evaluation-harness (lm_eval) is not installed in this Python; `make install-eval` builds "
@@ -43,7 +44,7 @@ def _positive(text: str) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m lit_minimind.eval", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m lit_minimind.eval", description=description(__doc__))
     p.add_argument("src", help="fp16 .pth, *_resume.pth, Lightning .ckpt, MiniMind's file or Hugging Face directory")
     p.add_argument("--tasks", required=True, help="comma-separated lm-eval task or group names (arc_easy,piqa,...)")
     p.add_argument("--limit", type=_limit, default=None, help="only the first N items of each task (< 1: a fraction)")

@@ -30,6 +30,7 @@ from lit_minimind.checkpoint.hf import (
 )
 from lit_minimind.checkpoint.read import read_checkpoint
 from lit_minimind.checkpoint.weights import config_mismatches, require_model_weights, saved_config, shape_config
+from lit_minimind.cli.plain import description
 from lit_minimind.data.chat_template import load_chat_template
 from lit_minimind.data.tokenizer import build_default_tokenizer, load_tokenizer
 from lit_minimind.errors import CheckpointError, DataError, UsageError
@@ -121,10 +122,10 @@ def export_after_fit(out_dir: str | None, resume: Any, datamodule: Any, trainer:
         return None
     if resume.stopped_by is not None:
         return f"{out_dir} not written: stopped by {resume.stopped_by} before the end (export the final weights later)"
-    if not resume.saved_files:
+    if not resume.manager.saved_files:
         return f"{out_dir} not written: this run saved no weights"
-    export_hf(resume.saved_files[0], out_dir, tokenizer_path=datamodule.resolved_paths()[1], overwrite=True)
-    return f"{out_dir}/ (from {resume.saved_files[0]})"
+    export_hf(resume.manager.saved_files[0], out_dir, tokenizer_path=datamodule.resolved_paths()[1], overwrite=True)
+    return f"{out_dir}/ (from {resume.manager.saved_files[0]})"
 
 
 def check_target(out_dir: Path, overwrite: bool) -> None:
@@ -147,7 +148,7 @@ def _json(value: Any) -> bytes:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lit_minimind.export", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m lit_minimind.export", description=description(__doc__))
     parser.add_argument("src", help="fp16 .pth, .ckpt, *_resume.pth, original MiniMind file or HF directory")
     parser.add_argument("dir", help="the HF directory to write (must not exist unless --overwrite)")
     parser.add_argument("--dtype", default="float16", choices=list(DTYPES), help="tensor dtype in model.safetensors")

@@ -29,7 +29,6 @@ from lit_minimind.callbacks import MiniMindConsole, ResumeCallback
 from lit_minimind.callbacks.preemption import LOST_PEER_EXIT, STOP, cluster_plugins, lost_peer_advice, requeue_if_preempted
 from lit_minimind.callbacks.preflight import check_run_dirs
 from lit_minimind.callbacks.progress import MiniMindProgressBar, PlainProgress
-from lit_minimind.callbacks.remote import REMOTE_BEHIND_EXIT
 from lit_minimind.callbacks.watchdog import Watchdog
 from lit_minimind.cli.export import export_after_fit
 from lit_minimind.cli.flags import help_epilog, mapping_line, name_origins, translate
@@ -44,6 +43,7 @@ from lit_minimind.errors import CheckpointError, DataError, UsageError
 from lit_minimind.model.minimind import SkipWeightInit
 from lit_minimind.model.module import LitMiniMind
 from lit_minimind.resume.internals import MiniMindSummary
+from lit_minimind.resume.remote import REMOTE_BEHIND_EXIT
 
 
 class MiniMindCLI(LightningCLI):
@@ -200,7 +200,7 @@ def summary(cli: MiniMindCLI, resume: ResumeCallback, console: MiniMindConsole, 
             exported: str | None = None) -> str:
     trainer = cli.trainer
     tokens_per_s = console.tokens / console.train_seconds if console.train_seconds else 0.0
-    ckpt_dir = Path(resume.ckpt_dir)
+    ckpt_dir = Path(resume.manager.files.ckpt_dir)
     saved = ckpt_dir.is_dir() and any(ckpt_dir.iterdir())  # --trainer.max_epochs 0: never created
     lines = [
         "",
@@ -209,11 +209,11 @@ def summary(cli: MiniMindCLI, resume: ResumeCallback, console: MiniMindConsole, 
         f"global steps: {trainer.global_step} (optimizer), batches this run: {console.batches}, epochs: {trainer.current_epoch}",
         f"loss: first {console.first_loss:.4f} -> last {console.last_loss:.4f}" if console.first_loss is not None else "loss: -",
         f"throughput: {tokens_per_s:,.0f} tokens/s over {console.train_seconds:.1f} s",
-        f"fp16 weights: {resume.saved_files[0] if resume.saved_files else '-'}",
-        f"resume checkpoints: {resume.ckpt_dir}/ (resume with --ckpt_path last)" if saved else "resume checkpoints: - (none saved)",
+        f"fp16 weights: {resume.manager.saved_files[0] if resume.manager.saved_files else '-'}",
+        f"resume checkpoints: {ckpt_dir}/ (resume with --ckpt_path last)" if saved else "resume checkpoints: - (none saved)",
         f"logs: {log_dir}",
         *([f"Hugging Face export: {exported}"] if exported else []),
-        *([resume.remote.summary()] if resume.remote is not None else []),
+        *([resume.manager.remote.summary()] if resume.manager.remote is not None else []),
     ]
     return "\n".join(lines)
 
@@ -285,11 +285,11 @@ def run_fit(args: list[str] | None) -> int:
         resume = next(cb for cb in cli.trainer.callbacks if isinstance(cb, ResumeCallback))
         console = next(cb for cb in cli.trainer.callbacks if isinstance(cb, MiniMindConsole))
         # every directory the run writes, before anything is made there (a download, a log directory)
-        check_run_dirs(cli.trainer, cli.model, resume, fresh=not cli.config.get("ckpt_path"))
+        check_run_dirs(cli.trainer, cli.model, resume.manager, fresh=not cli.config.get("ckpt_path"))
         # what trainer.fit(ckpt_path="last") would choose, chosen here: --from_weight depends on it
         ckpt_path = resume.choose(cli.trainer, cli.model, cli.config.get("ckpt_path"))
-        cli.initialise_weights(restored=resume.restores_every_weight(cli.trainer, cli.model))
-        start = weight_path(cli.config.get("from_weight"), resume.out_dir, cli.model.config.hidden_size,
+        cli.initialise_weights(restored=resume.manager.restores_every_weight(cli.trainer, cli.model))
+        start = weight_path(cli.config.get("from_weight"), resume.manager.files.out_dir, cli.model.config.hidden_size,
                             cli.model.config.use_moe)
         if start is not None and (ckpt_path is None or cli.model.needs_start_weights):
             # MiniMind's --from_weight: only when not resuming, but for the LoRA base and the DPO reference
@@ -320,7 +320,7 @@ def run_fit(args: list[str] | None) -> int:
         print(summary(cli, resume, console, log_dir, exported), flush=True)
     # SLURM + SIGUSR1: rank 0 requeues the job, now that the stop's checkpoint is committed on disk
     code = requeue_if_preempted(cli.trainer, resume.stopped_by, cli.config.get("ckpt_path"))
-    if not resume.remote_holds and code == 0:  # said by the callback at the end of the fit
+    if not resume.manager.remote_holds and code == 0:  # said by the callback at the end of the fit
         code = REMOTE_BEHIND_EXIT
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()  # a clean exit for every rank

@@ -8,8 +8,8 @@ from torch import nn
 
 from lit_minimind.checkpoint.hf import is_hf_directory
 from lit_minimind.checkpoint.names import checkpoint_stem
-from lit_minimind.checkpoint.read import checkpoint_kind, read_checkpoint
-from lit_minimind.checkpoint.weights import model_weights, saved_config, unwrap_model
+from lit_minimind.checkpoint.read import read_checkpoint
+from lit_minimind.checkpoint.weights import checkpoint_kind, model_weights, saved_config, unwrap_model
 from lit_minimind.errors import CheckpointError
 
 

@@ -26,6 +26,7 @@ from tokenizers import Tokenizer
 from lit_minimind.checkpoint.hf import is_hf_directory
 from lit_minimind.checkpoint.read import read_checkpoint
 from lit_minimind.checkpoint.weights import model_weights, require_model_weights, saved_config, shape_config
+from lit_minimind.cli.plain import description
 from lit_minimind.data.chat_template import load_chat_template, render_chat
 from lit_minimind.data.tokenizer import BOS_ID, EOS_ID, build_default_tokenizer, encode, load_tokenizer
 from lit_minimind.errors import CheckpointError
@@ -107,7 +108,7 @@ def _stdin_turns() -> Iterable[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lit_minimind.generate", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m lit_minimind.generate", description=description(__doc__))
     parser.add_argument("weights", help="fp16 export, *_resume.pth, Lightning .ckpt or Hugging Face directory (export)")
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--prompt", action="append", help="text to continue (repeatable)")
@@ -118,11 +119,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lora", default=None, metavar="FILE", help="LoRA adapters to apply to the weights (not merged)")
     parser.add_argument("--tokenizer_path", default=None,
                         help="directory with tokenizer.json (default: a Hugging Face directory's own, else the embedded one)")
-    parser.add_argument("--max_new_tokens", type=int, default=64)
-    parser.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    parser.add_argument("--top_p", type=float, default=0.9)
-    parser.add_argument("--top_k", type=int, default=0)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max_new_tokens", type=int, default=64,
+                        help="tokens to generate at most per prompt or answer; fewer when the model ends it (default: %(default)s)")
+    parser.add_argument("--temperature", type=float, default=0.8,
+                        help="sampling temperature; 0 = greedy: the most likely token each time (default: %(default)s)")
+    parser.add_argument("--top_p", type=float, default=0.9,
+                        help="nucleus sampling: draw from the most likely tokens that together hold this probability; "
+                        "1 = all (default: %(default)s)")
+    parser.add_argument("--top_k", type=int, default=0,
+                        help="draw from the K most likely tokens only; 0 = no limit (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the sampling's random draws: the same seed, the same text (default: %(default)s)")
     args = parser.parse_args(argv)
     try:
         model, tokenizer, tokenizer_dir = load(args.weights, args.lora, args.tokenizer_path)

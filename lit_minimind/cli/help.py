@@ -15,6 +15,8 @@ from typing import Any
 
 from jsonargparse import DefaultHelpFormatter
 
+from lit_minimind.cli.plain import plain
+
 PROG = "python -m lit_minimind.fit"
 HELP_TRAINER = "--help_trainer"
 _INDENT = " " * len(f"usage: {PROG} ")
@@ -23,8 +25,10 @@ USAGE = (f"{PROG} [--config FILE] [--model.NAME V] [--data.NAME V] [--resume.NAM
          f"{_INDENT}[--export_hf DIR] [--trainer.NAME V] [MiniMind's train_*.py flags]\n"
          f"{_INDENT}[-h | {HELP_TRAINER}]")
 DESCRIPTION = f"""\
-MiniMind pretraining, SFT, LoRA and DPO on PyTorch Lightning. With no flags it trains a small model on
-a corpus built from Python's own documentation, on CPU.
+MiniMind's training stages on PyTorch Lightning: pretraining, SFT, LoRA, DPO, a reward model, GRPO/CISPO
+(--model.loss_type; CISPO is MiniMind's default) and distillation, chosen by the data, --model.lora_rank and
+--model.objective. With no flags it trains a small model on a corpus built from Python's own documentation,
+on CPU.
 
 This help: the project's flags first (--model.*, --data.*, --resume.*, --console.*, then --log_interval,
 --ckpt_path, --from_weight, --export_hf, --config), with their defaults (the packaged default.yaml's
@@ -40,19 +44,6 @@ GROUP_TITLES = {
 }
 GROUP_DESCRIPTIONS = {"console": "Its one setting, log_interval, is --log_interval's (below)."}
 OWN_TITLE = "--log_interval, --ckpt_path, --from_weight, --export_hf, --config and the other top-level flags"
-
-# :class:`x`, :py:meth:`~a.b.c`, :fu nc:`x` (a role a wrapped line cut): the target; ``x``: x
-_ROLE = re.compile(r":(?:[a-z]+:)?[a-z]+:`~?([^`]+)`")
-_LITERAL = re.compile(r"``(.*?)``", re.S)
-
-
-def plain(text: str) -> str:
-    """A docstring's text without reStructuredText markup (roles, double backticks, ``.. note::``)."""
-    text = _ROLE.sub(lambda m: m[1], text)
-    text = _LITERAL.sub(lambda m: m[1], text)
-    text = re.sub(r"\.\. \w+::\s*", "", text)
-    return re.sub(r"\s+", " ", text).strip()
-
 
 def first_sentence(text: str) -> str:
     """The text up to its first sentence's end: a period and a space (or the end), not after e.g./i.e./etc."""
@@ -105,7 +96,9 @@ def arrange(parser: Any) -> None:
     known = ("model", "data", "resume", "console")
     project = [groups[k] for k in known if k in groups]  # then any other class group the CLI adds
     project += [g for k, g in groups.items() if k not in known and k != "trainer" and "." not in k and g not in project]
-    located = getattr(parser, "_default_config_files_group", None)  # "default config file locations" (default.yaml)
-    first = [g for g in parser._action_groups if g is parser._positionals or g is located]
-    rest = [g for g in parser._action_groups if g not in first + project + own + trainer]
+    # jsonargparse's "default config file locations" group (the packaged default.yaml and a note that the
+    # defaults shown are its values): not printed - the description says so in a sentence
+    located = getattr(parser, "_default_config_files_group", None)
+    first = [g for g in parser._action_groups if g is parser._positionals]
+    rest = [g for g in parser._action_groups if g not in first + project + own + trainer and g is not located]
     parser._action_groups[:] = first + project + own + rest + trainer

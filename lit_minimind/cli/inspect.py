@@ -24,9 +24,10 @@ from lit_minimind.checkpoint.names import (
     TRAINING_STATE_KEY,
     manifest_path,
 )
-from lit_minimind.checkpoint.read import checkpoint_kind, harmful_imports, read_checkpoint, verify_manifest
+from lit_minimind.checkpoint.read import harmful_imports, read_checkpoint, verify_manifest
 from lit_minimind.checkpoint.verify import verify_file
-from lit_minimind.checkpoint.weights import model_weights, not_a_model, shape_config
+from lit_minimind.checkpoint.weights import checkpoint_kind, model_weights, not_a_model, shape_config
+from lit_minimind.cli.plain import description
 from lit_minimind.errors import CheckpointError, NotATorchZip, UnverifiableCheckpoint
 
 SCALER_KEYS = frozenset({"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"})
@@ -133,7 +134,7 @@ def _render(info: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lit_minimind.inspect", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m lit_minimind.inspect", description=description(__doc__))
     parser.add_argument("path", help="a .pth / .ckpt checkpoint file")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)

@@ -16,6 +16,7 @@ from lit_minimind.checkpoint.atomic import atomic_save
 from lit_minimind.checkpoint.read import read_checkpoint
 from lit_minimind.checkpoint.weights import model_weights
 from lit_minimind.cli.generate import load_model
+from lit_minimind.cli.plain import description
 from lit_minimind.errors import CheckpointError
 from lit_minimind.model.lora import attach_lora, merged_state
 
@@ -33,7 +34,7 @@ def merge(base: str | Path, lora: str | Path, out: str | Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lit_minimind.merge_lora", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m lit_minimind.merge_lora", description=description(__doc__))
     parser.add_argument("base", help="the base model's weights (e.g. out/full_sft_768.pth)")
     parser.add_argument("lora", help="the LoRA adapters (e.g. out/lora_medical_768.pth)")
     parser.add_argument("--out", default=None, help="output file (default: LORA's name with _merged, beside it)")

@@ -44,6 +44,7 @@ import torch
 from tokenizers import Tokenizer
 
 from lit_minimind.cli.generate import load
+from lit_minimind.cli.plain import description
 from lit_minimind.data.chat_template import load_chat_template, render_chat
 from lit_minimind.data.tokenizer import EOS_ID
 from lit_minimind.errors import CheckpointError
@@ -724,7 +725,7 @@ def _model_name(src: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lit_minimind.serve", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m lit_minimind.serve", description=description(__doc__))
     parser.add_argument("weights", metavar="SRC",
                         help="fp16 export, *_resume.pth, Lightning .ckpt or Hugging Face directory (what generate loads)")
     parser.add_argument("--host", default="127.0.0.1",

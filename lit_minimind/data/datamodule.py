@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from lit_minimind.data.sampler import MINIMIND_SEED, EpochShardSampler, ResumableBatchSampler
-from lit_minimind.data.workers import worker_init_fn
+from lit_minimind.data.workers import capped_workers, worker_init_fn
 from lit_minimind.errors import CheckpointError, PositionError
 from lit_minimind.resume.internals import batches_done
 from lit_minimind.resume.states import DataPosition, position_here
@@ -238,7 +238,7 @@ class MiniMindDataModule(L.LightningDataModule):
         return ResumableDataLoader(
             self.train_dataset,
             batch_sampler=batch_sampler,
-            num_workers=self.num_workers,
+            num_workers=capped_workers(self.num_workers, rank),
             persistent_workers=False,
             pin_memory=trainer is not None and trainer.accelerator.__class__.__name__ == "CUDAAccelerator",
             # its own generator: creating an iterator must not draw from the global RNG, which the
@@ -265,5 +265,5 @@ class MiniMindDataModule(L.LightningDataModule):
         if trainer is not None and trainer.world_size > 1:  # each rank validates its share (val_loss: sync_dist)
             sampler = DistributedSampler(self.val_dataset, trainer.world_size, trainer.global_rank, shuffle=False)
         rank = trainer.global_rank if trainer is not None else 0
-        return DataLoader(self.val_dataset, batch_size=self.batch_size, sampler=sampler, num_workers=self.num_workers,
+        return DataLoader(self.val_dataset, batch_size=self.batch_size, sampler=sampler, num_workers=capped_workers(self.num_workers, rank),
                           worker_init_fn=worker_init_fn(rank))

@@ -3,7 +3,8 @@ not offer as public API, why it is needed, and what it relies on. Checked agains
 (``make test-compat``) and 2.6.6 (``make test``); a new Lightning release is checked here first.
 
 1. :func:`batches_done`: the batches of the current epoch training has consumed (the loop's progress counter).
-2. :func:`adopt_data_state`: where Lightning keeps the DataModule's state (its class's ``__qualname__``).
+2. :func:`adopt_data_state`, :func:`adopt_scaler_state`: where Lightning keeps the DataModule's and the precision
+   plugin's state (their classes' ``__qualname__``).
 3. :func:`loops_at`: the loop counters of a position Lightning did not save (the loops' ``state_dict`` schema).
 4. :class:`DeferredStop`: a ``trainer.should_stop`` (Lightning's ``Timer``) held to the optimizer step.
 5. :func:`before_lightning_handlers` / :func:`after_lightning_handlers`: the SIGTERM handler handover.
@@ -59,6 +60,18 @@ def adopt_data_state(checkpoint: dict[str, Any], datamodule_type: type | None) -
         if base.__qualname__ in checkpoint and isinstance(checkpoint[base.__qualname__], Mapping):
             checkpoint[key] = checkpoint.pop(base.__qualname__)
             return
+
+
+def adopt_scaler_state(checkpoint: dict[str, Any], plugin: Any) -> None:
+    """Before Lightning restores the precision plugin: when ``plugin`` has a scaler and ``checkpoint``
+    holds no state under its class name, give it the saved scaler state (MiniMind's ``scaler`` key,
+    which every lit-minimind checkpoint carries), for Lightning to load with ``plugin.load_state_dict``. Lightning
+    keeps a precision plugin's state under ``type(plugin).__qualname__`` (``_CheckpointConnector.dump_checkpoint``
+    / ``restore_precision_plugin_state``)."""
+    key = type(plugin).__qualname__
+    saved = checkpoint.get("scaler")
+    if saved and key not in checkpoint and getattr(plugin, "scaler", None) is not None:
+        checkpoint[key] = dict(saved)
 
 
 # ----------------------------------------------------------------------------- 3. loop counters

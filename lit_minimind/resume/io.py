@@ -16,9 +16,8 @@ from lightning.fabric.plugins import TorchCheckpointIO
 
 from lit_minimind.checkpoint.atomic import atomic_save, remove_file
 from lit_minimind.checkpoint.names import MANIFEST_FIELDS, RESUME_STATE_KEY
-from lit_minimind.checkpoint.read import checkpoint_kind, read_checkpoint
+from lit_minimind.checkpoint.weights import checkpoint_kind, to_lightning
 from lit_minimind.errors import CheckpointError
-from lit_minimind.resume.internals import adopt_data_state
 
 
 class Snapshot:
@@ -146,7 +145,7 @@ class SafeCheckpointIO(TorchCheckpointIO):
         self.wait()
 
     def hand_over(self, path: str | os.PathLike, ckpt: dict[str, Any]) -> None:
-        """The checkpoint the run starts from, already verified and read (:func:`read_start_checkpoint`):
+        """The checkpoint the run starts from, already verified and read (:func:`lit_minimind.resume.start.choose`):
         Lightning's restore takes it from here instead of reading the file again; released after."""
         self._handed_over = (os.path.abspath(path), ckpt)
 
@@ -156,7 +155,8 @@ class SafeCheckpointIO(TorchCheckpointIO):
         self._chosen = path
 
     def load_checkpoint(self, path: Any, map_location: Any | None = None, weights_only: bool | None = None) -> dict[str, Any]:
-        from lit_minimind.checkpoint.weights import to_lightning
+        from lit_minimind.checkpoint.read import read_checkpoint  # here: a save never loads the reader
+        from lit_minimind.resume.internals import adopt_data_state
 
         handed, self._handed_over = self._handed_over, None
         chosen, self._chosen = self._chosen, None
@@ -180,13 +180,6 @@ class SafeCheckpointIO(TorchCheckpointIO):
 
     def remove_checkpoint(self, path: Any) -> None:
         remove_file(path)
-
-
-def read_start_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """The checkpoint a run starts from, verified (once per file version) and read once; the wandb id,
-    the console's state and Lightning's restore (:meth:`SafeCheckpointIO.hand_over`) all take what
-    they need from this one read."""
-    return read_checkpoint(path, "cpu")
 
 
 def callback_state(ckpt: dict[str, Any], key: str) -> dict[str, Any]:

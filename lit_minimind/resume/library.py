@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import platform
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -15,23 +14,16 @@ from torch import nn
 
 from lit_minimind.checkpoint.atomic import atomic_save
 from lit_minimind.checkpoint.names import MINIMIND_KEYS, checkpoint_paths
-from lit_minimind.checkpoint.read import checkpoint_kind, read_checkpoint
-from lit_minimind.checkpoint.weights import fp16_state_dict
+from lit_minimind.checkpoint.read import read_checkpoint
+from lit_minimind.checkpoint.weights import checkpoint_kind, fp16_state_dict
 from lit_minimind.errors import CheckpointError
 from lit_minimind.resume.states import corrected_step, world_size_change
-from lit_minimind.version import __version__
 
 log = logging.getLogger(__name__)
 
 
 def current_world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
-def library_versions() -> dict[str, str]:
-    import lightning
-
-    return {"lit_minimind": str(__version__), "torch": str(torch.__version__), "lightning": str(lightning.__version__), "python": platform.python_version()}
 
 
 def save_resume_checkpoint(

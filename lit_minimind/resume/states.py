@@ -16,15 +16,19 @@ gradient is pending: the RNG is all that differs between ranks. Checkpoints writ
 may list partial gradients; they are not read (a resume from one inside an accumulation window says so and
 restarts that window's gradients, as MiniMind's own resume does).
 
-**A loss scale across precision plugins** (:func:`adopt_scaler_state`): a checkpoint written under one (the CPU
+**A loss scale across precision plugins** (:func:`lit_minimind.resume.internals.adopt_scaler_state`): a checkpoint written under one (the CPU
 fp16 plugin, :class:`lit_minimind.model.precision.CPUFloat16Mixed`) resumes under another (Lightning's CUDA
 ``MixedPrecision("16-mixed", "cuda")``) with its scale, and back. Lightning keeps a precision plugin's state
 under the plugin's class name, so a run with another plugin would start again from the initial scale.
 ``torch.amp.GradScaler``'s state dict holds no device: the same dict loads into a CPU or a CUDA scaler.
+
+**The loggers' runs** (:class:`WandbRun`, a part of :class:`lit_minimind.resume.manager.CheckpointManager`): the
+wandb run a resumed run continues. **The library versions** a checkpoint was written with (:func:`library_versions`).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +38,7 @@ import torch.distributed as dist
 
 from lit_minimind.checkpoint.names import TRAINING_STATE_FORMAT
 from lit_minimind.errors import PositionError
+from lit_minimind.version import __version__
 
 # ----------------------------------------------------------------------------- the data position
 
@@ -155,13 +160,90 @@ def rank_rng_state(state: Mapping[str, Any], rank: int) -> Any:
     return ranks[rank].get("rng") if rank < len(ranks) else None
 
 
-# ----------------------------------------------------------------------------- a loss scale across precision plugins
+def library_versions() -> dict[str, str]:
+    import platform
 
-def adopt_scaler_state(checkpoint: dict[str, Any], plugin: Any) -> None:
-    """Before Lightning restores the precision plugin: when ``plugin`` has a scaler and ``checkpoint``
-    holds no state under its class name, give it the saved scaler state (MiniMind's ``scaler`` key,
-    which every lit-minimind checkpoint carries), for Lightning to load with ``plugin.load_state_dict``."""
-    key = type(plugin).__qualname__
-    saved = checkpoint.get("scaler")
-    if saved and key not in checkpoint and getattr(plugin, "scaler", None) is not None:
-        checkpoint[key] = dict(saved)
+    import lightning
+
+    return {"lit_minimind": str(__version__), "torch": str(torch.__version__), "lightning": str(lightning.__version__),
+            "python": platform.python_version()}
+
+
+# ----------------------------------------------------------------------------- the loggers' runs
+
+def wandb_logger(trainer: Any) -> Any:
+    """The trainer's WandbLogger, if any."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    return next((lg for lg in trainer.loggers if isinstance(lg, WandbLogger)), None)
+
+
+def continue_wandb_run(trainer: Any, run_id: str | None) -> None:
+    """Before the run starts: make a WandbLogger continue the checkpoint's run, unless the user chose an id.
+
+    wandb reads ``WANDB_RUN_ID`` when no id is passed (WandbLogger already passes ``resume="allow"``).
+    """
+    from lightning.pytorch.utilities import rank_zero_info  # here: the course API (this module) never loads Lightning
+
+    logger = wandb_logger(trainer)
+    if logger is None:
+        return
+    chosen = logger.version  # the id given to the logger (None until the run starts, if none was)
+    if chosen and chosen != run_id:
+        rank_zero_info(f"wandb: logging to the run id you chose ({chosen}), not the checkpoint's ({run_id})")
+    elif run_id is None:
+        rank_zero_info("wandb: the checkpoint has no wandb run id: starting a new run (its id goes into the next checkpoint)")
+    else:
+        os.environ["WANDB_RUN_ID"] = run_id
+        rank_zero_info(f"wandb: continuing run {run_id}")
+
+
+def wandb_run_id(trainer: Any) -> str | None:
+    logger = wandb_logger(trainer)
+    return str(logger.experiment.id) if logger is not None and trainer.is_global_zero else None
+
+
+def resume_record(trainer: Any, resumed_from: dict[str, Any]) -> dict[str, Any]:
+    """``{"resume_at_global_step_N": where this run resumed from}``, for the run's config."""
+    record = {**resumed_from, "checkpoint": str(trainer.ckpt_path), "world_size_now": trainer.world_size}
+    return {f"resume_at_global_step_{resumed_from['global_step']}": record}
+
+
+def describe_wandb_run(trainer: Any, resume_records: dict[str, Any]) -> str | None:
+    """One step axis for every metric (``micro_step``) and every resume of the run so far in its config
+    (all of them each time: a process SIGKILLed before wandb wrote its config loses none). Returns the run id."""
+    logger = wandb_logger(trainer)
+    if logger is None or not trainer.is_global_zero:
+        return None
+    run = logger.experiment
+    run.define_metric("micro_step")
+    run.define_metric("*", step_metric="micro_step")
+    if resume_records:
+        run.config.update(dict(resume_records), allow_val_change=True)
+    return str(run.id)
+
+
+class WandbRun:
+    """A part: the wandb run a resumed run keeps logging into, by the saved run id (the checkpoint's
+    ``callbacks.ResumeCallback.wandb_id`` and MiniMind's ``wandb_id`` key). Without a WandbLogger it keeps
+    the id a checkpoint brought (a resume with wandb later continues that run)."""
+
+    def __init__(self) -> None:
+        self.id: str | None = None
+
+    def state_dict(self) -> str | None:
+        return self.id
+
+    def load_state_dict(self, state: str | None) -> None:
+        self.id = state
+
+    def at_start(self, trainer: Any, saved_id: str | None) -> None:
+        """Before the loggers start (the start was chosen): continue the checkpoint's run."""
+        continue_wandb_run(trainer, saved_id)
+
+    def at_train_start(self, trainer: Any, resume_records: dict[str, Any]) -> None:
+        """The run exists: its step axis and resumes described, its id taken."""
+        self.id = describe_wandb_run(trainer, resume_records) or self.id
+
+    def at_save(self, trainer: Any) -> None:
+        self.id = wandb_run_id(trainer) or self.id

@@ -301,7 +301,7 @@ def expected_resume(run_dir: Path, stem: str = "pretrain_64", iters: int = 12) -
     after the checkpoint ``last`` names now (read before the run), ``None`` if there is none."""
     import torch
 
-    from lit_minimind.callbacks.files import resolve_last
+    from lit_minimind.resume.start import resolve_last
 
     last = resolve_last(run_dir / "checkpoints", stem)
     if last is None:

@@ -2,9 +2,9 @@
 
 A tiny run costs about 6 s of CPU, two thirds of it importing torch and Lightning, and the suites start
 hundreds. :func:`tests.helpers.runs.run_cli` hands each run of the CLI to a *zygote*: a Python started
-once per test process with the run's environment, that imported what ``python -m lit_minimind.fit``
-imports before its ``main`` (``lit_minimind/fit.py`` as the entry point: its early signal handlers, its
-torchmetrics import hook) and then waits. For each run it forks a watcher, which forks the run:
+once per test process with the run's environment (twice: see the hash seed below), that imported what
+``python -m lit_minimind.fit`` imports before its ``main`` (``lit_minimind/fit.py`` as the entry point: its
+early signal handlers, its torchmetrics import hook) and then waits. For each run it forks a watcher, which forks the run:
 
 - the run is a real process in a session of its own (``start_new_session``), its stdout and stderr the
   test's pipes, stdin ``/dev/null``, its cwd, environment and ``sys.argv`` those of the request; signals
@@ -15,6 +15,13 @@ torchmetrics import hook) and then waits. For each run it forks a watcher, which
 - the watcher sends the run's pid, then its wait status, over a pipe: :class:`Forked` is the part of
   ``subprocess.Popen`` the tests use (``pid``, ``stdout``, ``stderr``, ``poll``, ``wait``, ``kill``,
   ``returncode``), and a signal the test sends goes to the run itself.
+
+A fresh Python draws its string-hash seed at start; a fork keeps its zygote's. So each zygote starts with a
+``PYTHONHASHSEED`` of its own (no two of a test process alike; the forked run's own environment has none, as
+a launched one's), unless the run's environment sets one, and the runs of one environment alternate between
+two zygotes: a run and the next (the uninterrupted run and the interrupted one, the interrupted one and its
+resume) hash strings differently, as two launched Pythons do, so code that depends on hash order across
+processes shows (``tests/test_zygote.py`` checks it).
 
 What this does not cover, a launch does: signals during the imports (``tests/test_startup_signals.py``
 starts its own Pythons for those), another command (``run_cli(command=...)``), a mutant run
@@ -28,6 +35,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import random
 import select
 import signal
 import socket
@@ -39,7 +47,8 @@ from pathlib import Path
 from tests.helpers import faults
 
 ROOT = Path(__file__).resolve().parents[2]
-MAX_ZYGOTES = 3  # per test process: one per environment (less the fault keys), the oldest closed first
+MAX_ZYGOTES = 6  # per test process: two per environment (less the fault keys), the least recently used closed first
+HASH_SEEDS = 2**32 - 1  # PYTHONHASHSEED 1..4294967295 (0 turns the randomization off)
 _WORD = struct.Struct("q")
 
 
@@ -84,7 +93,9 @@ class Forked:
 class Zygote:
     """One pre-imported Python (its environment fixed at start), serving fork requests over a socket."""
 
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], hash_seed: int) -> None:
+        """A zygote with ``env``, its string-hash seed ``hash_seed`` unless ``env`` sets ``PYTHONHASHSEED``."""
+        env = {"PYTHONHASHSEED": str(hash_seed), **env}
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.proc = subprocess.Popen([sys.executable, "-m", "tests.helpers.zygote", str(theirs.fileno())], cwd=ROOT,
                                      env=env, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
@@ -100,12 +111,13 @@ class Zygote:
         request = json.dumps({"args": args, "cwd": os.path.abspath(cwd), "env": env}).encode()
         try:
             socket.send_fds(self.sock, [request], [out_w, err_w, status_w])
-            pid = os.read(status_r, _WORD.size)  # once the watcher forked the run; b"": the zygote ended
+            sent = True
         except OSError:  # the zygote is gone (it refused to serve, or died)
-            pid = b""
-        finally:
-            for fd in (out_w, err_w, status_w):
+            sent = False
+        finally:  # before the read: a zygote that dies with the request still queued (its imports failed)
+            for fd in (out_w, err_w, status_w):  # closes the last write end, and the read sees the end
                 os.close(fd)
+        pid = os.read(status_r, _WORD.size) if sent else b""  # once the watcher forked the run; b"": it ended
         if len(pid) != _WORD.size:
             for fd in (out_r, err_r, status_r):
                 os.close(fd)
@@ -121,7 +133,10 @@ class Zygote:
             self.proc.wait()
 
 
-_zygotes: dict[tuple, Zygote] = {}
+_zygotes: dict[tuple, Zygote] = {}  # (environment key, 0 or 1) -> its zygote, the most recently used last
+_runs: dict[tuple, int] = {}  # environment key -> runs started: the next goes to zygote (runs % 2)
+_first_seed = random.SystemRandom().randrange(HASH_SEEDS)
+_started = 0  # zygotes started by this test process: each gets the next hash seed (all differ)
 
 
 def key_of(env: dict[str, str]) -> tuple:
@@ -133,13 +148,17 @@ def start(args: list[str], cwd: Path, env: dict[str, str]) -> Forked | None:
     """A forked run of ``python -m lit_minimind.fit ARGS`` in ``cwd`` with ``env``, or None: launch it."""
     if os.environ.get("LIT_MINIMIND_FORK", "1") == "0" or env.get("LIT_MINIMIND_MUTANT"):
         return None
+    global _started
     key = key_of(env)
-    zygote = _zygotes.pop(key, None)
+    runs = _runs[key] = _runs.get(key, 0) + 1
+    slot = (key, 0 if "PYTHONHASHSEED" in env else runs % 2)  # the environment's own seed: one zygote is enough
+    zygote = _zygotes.pop(slot, None)
     if zygote is None:
         if len(_zygotes) >= MAX_ZYGOTES:
             _zygotes.pop(next(iter(_zygotes))).close()
-        zygote = Zygote(dict(key))
-    _zygotes[key] = zygote  # the most recently used last
+        zygote = Zygote(dict(key), 1 + (_first_seed + _started) % HASH_SEEDS)
+        _started += 1
+    _zygotes[slot] = zygote  # the most recently used last
     return zygote.start(args, cwd, env)
 
 

@@ -19,11 +19,11 @@ from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_warn
 
-from lit_minimind.callbacks.files import choose_checkpoint, resolve_last
 from lit_minimind.checkpoint.atomic import read_manifest
-from lit_minimind.checkpoint.names import CheckpointName, minimind_file_names
-from lit_minimind.checkpoint.remote import RemoteDir, is_url
+from lit_minimind.checkpoint.names import CheckpointName, is_url, minimind_file_names
+from lit_minimind.checkpoint.remote import RemoteDir
 from lit_minimind.errors import CheckpointError
+from lit_minimind.resume.start import choose_checkpoint, resolve_last
 from lit_minimind.resume.upload import UPLOAD_DIR, Uploader, describe, link_for_upload
 
 REMOTE_BEHIND_EXIT = 5  # training ended, but the remote does not hold the newest checkpoint
@@ -151,22 +151,22 @@ class RemoteCheckpoints:
                 "rerun with --ckpt_path last on this machine to upload it")
 
 
-def choose_with_remote(flag: str | None, remote: RemoteCheckpoints | None, ckpt_dir: str | Path, stem: str,
-                       global_rank: int) -> str | None:
-    """:func:`lit_minimind.callbacks.files.choose_checkpoint`, the remote included: for ``last`` global rank 0 first
-    downloads the newest committed remote checkpoint when it is newer than every local one (a local
-    one newer than the remote's wins, and is uploaded at the start). Another rank only looks whether
-    there is a checkpoint anywhere; every rank then loads rank 0's choice."""
-    if flag != "last" or remote is None or remote.ckpt is None:
-        return choose_checkpoint(flag, ckpt_dir, stem, global_rank)
-    if global_rank == 0:
-        remote.fetch_newer(Path(ckpt_dir), stem)
-        return choose_checkpoint(flag, ckpt_dir, stem, global_rank)
-    local = choose_checkpoint(flag, ckpt_dir, stem, global_rank)
-    try:
-        found = local is None and bool(remote.newest(stem))
-    except CheckpointError:
-        found = False  # rank 0 meets the same and stops (or has a local checkpoint: then the ranks disagree, and say so)
-    if found:
-        return remote.ckpt.url  # rank 0 downloads it; this rank loads rank 0's file (agree_on_checkpoint)
-    return local
+    # ------------------------------------------------------------------ the start
+    def choose(self, flag: str | None, ckpt_dir: str | Path, stem: str, global_rank: int) -> str | None:
+        """:func:`lit_minimind.resume.start.choose_checkpoint`, the remote included: for ``last`` global rank 0 first
+        downloads the newest committed remote checkpoint when it is newer than every local one (a local
+        one newer than the remote's wins, and is uploaded at the start). Another rank only looks whether
+        there is a checkpoint anywhere; every rank then loads rank 0's choice."""
+        if flag != "last" or self.ckpt is None:
+            return choose_checkpoint(flag, ckpt_dir, stem, global_rank)
+        if global_rank == 0:
+            self.fetch_newer(Path(ckpt_dir), stem)
+            return choose_checkpoint(flag, ckpt_dir, stem, global_rank)
+        local = choose_checkpoint(flag, ckpt_dir, stem, global_rank)
+        try:
+            found = local is None and bool(self.newest(stem))
+        except CheckpointError:
+            found = False  # rank 0 meets the same and stops (or has a local checkpoint: then the ranks disagree, and say so)
+        if found:
+            return self.ckpt.url  # rank 0 downloads it; this rank loads rank 0's file (agree_on_checkpoint)
+        return local

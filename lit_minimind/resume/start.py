@@ -1,100 +1,77 @@
-"""A run's checkpoint files: their names, which of them stay, and which one ``last`` means.
+"""The start of a run, chosen once and restored: which checkpoint ``--ckpt_path`` / ``ckpt_path="last"`` means,
+read and verified once (:class:`Start`, used by the CLI and by ``trainer.fit(ckpt_path="last")`` alike), every
+DDP rank agreeing on global rank 0's choice, and what a restore completes that Lightning does not (the position
+of a foreign checkpoint as loop counters, this rank's RNG). A URL checkpoint directory adds
+:mod:`lit_minimind.resume.remote` (imported only then); a save never loads this module.
 
-Several runs may share one checkpoint directory. Each save's ``.ckpt`` carries its run's id (in its name and
-manifest, kept across resumes). ``keep_last`` is per run: each run keeps its own newest ``keep_last`` and never
-prunes another run's files, so a directory holding many runs grows with every fresh run; ``keep_runs N`` bounds
-it: at a run's first save the checkpoints of all but the newest ``N`` runs (this one included, never removed) are
-deleted (:func:`prune_runs`). ``_resume.pth`` may be ours, another Lightning run's or original MiniMind's
-(:func:`resume_link`).
+``last`` is the newest valid checkpoint of the stem (by its manifest's save time): ours, or MiniMind's
+``{stem}_resume.pth``, which may be ours, another Lightning run's or original MiniMind's (:func:`resume_link`).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from lit_minimind.checkpoint.atomic import atomic_link, atomic_save, read_manifest, remove_file
-from lit_minimind.checkpoint.names import RESUME_STATE_KEY, CheckpointName, expired, minimind_file_names
-from lit_minimind.checkpoint.read import verify_checkpoint, verify_manifest
+from lit_minimind.checkpoint.atomic import read_manifest
+from lit_minimind.checkpoint.names import RESUME_STATE_KEY, TRAINING_STATE_KEY, CheckpointName, minimind_file_names
+from lit_minimind.checkpoint.read import read_checkpoint, verify_checkpoint, verify_manifest
+from lit_minimind.checkpoint.weights import checkpoint_kind
 from lit_minimind.errors import CheckpointError
+from lit_minimind.resume.internals import adopt_scaler_state, loops_at
+from lit_minimind.resume.manager import CheckpointFiles, save_order_key
+from lit_minimind.resume.states import (
+    optimizer_steps,
+    rank_rng_state,
+    window_complete,
+    world_size_change,
+)
 
 
-class CheckpointFiles:
-    """MiniMind's two names for a ``stem`` (``{weight}_{hidden}{_moe}``) plus our rolling window.
+@dataclass
+class Start:
+    """The checkpoint a run starts from, chosen once. ``path``: this rank's choice (every rank loads global rank
+    0's at setup); ``ckpt``: on global rank 0 its verified read, which the loggers and Lightning's restore take
+    instead of reading the file again (None on other ranks)."""
 
-    * ``{ckpt_dir}/{stem}_e{epoch}_s{step}_g{global_step}_{run_id}.ckpt``: one per save (the
-      Lightning checkpoint, also MiniMind's resume dict); the newest ``keep_last`` of this run stay;
-      ``run_id`` keeps runs apart, so a fresh run never replaces or prunes another run's files, unless
-      ``keep_runs`` is set: then only the newest ``keep_runs`` runs' files stay (:func:`prune_runs`).
-    * ``{ckpt_dir}/{stem}_resume.pth``: a hard link to the newest of them (MiniMind's name).
-    * ``{out_dir}/{stem}.pth``: MiniMind's fp16 weight export, written after the checkpoint.
-    """
+    path: str
+    ckpt: dict[str, Any] | None = None
 
-    def __init__(self, ckpt_dir: str | Path, out_dir: str | Path, weight: str, keep_last: int,
-                 keep_runs: int | None = None) -> None:
-        if keep_last < 1:
-            raise ValueError(f"keep_last must be >= 1, got {keep_last}")
-        if keep_runs is not None and keep_runs < 1:
-            raise ValueError(f"keep_runs must be >= 1 (or unset: every run's files stay), got {keep_runs}")
-        self.ckpt_dir, self.out_dir, self.weight, self.keep_last = Path(ckpt_dir), Path(out_dir), weight, keep_last
-        self.keep_runs, self._runs_pruned = keep_runs, False
+    @property
+    def kind(self) -> str:
+        """``lightning`` (ours or Lightning's), ``minimind_resume`` (original MiniMind's), ``hf`` (a Hugging Face
+        directory), ... (``unknown`` on a rank that did not read it)."""
+        return checkpoint_kind(self.ckpt) if self.ckpt is not None else "unknown"
 
-    def checkpoint(self, name: CheckpointName) -> Path:
-        return self.ckpt_dir / str(name)
+    @property
+    def position(self) -> tuple[int, int] | None:
+        """``(epoch, step)`` as saved (0-based epoch, batches of it trained), where rank 0 read it."""
+        if self.ckpt is None or self.ckpt.get("step") is None:
+            return None
+        return int(self.ckpt.get("epoch") or 0), int(self.ckpt["step"])
 
-    def best(self, stem: str) -> Path:
-        return self.ckpt_dir / f"{stem}_best.ckpt"
-
-    def export(self, stem: str) -> Path:
-        return self.out_dir / minimind_file_names(stem)[0]
-
-    def resume(self, stem: str) -> Path:
-        return self.ckpt_dir / minimind_file_names(stem)[1]
-
-    def publish(self, checkpoint: Path, stem: str, weights: dict[str, torch.Tensor]) -> list[Path]:
-        """After ``checkpoint`` is committed: MiniMind's ``_resume.pth`` (a link) and fp16 export."""
-        meta = {k: v for k, v in read_manifest(checkpoint).items() if k in ("epoch", "step", "global_step", "run_id")}
-        atomic_link(checkpoint, self.resume(stem))
-        atomic_save(weights, self.export(stem), {"kind": "weights", **meta})
-        return [self.export(stem), self.resume(stem)]
-
-    def published(self, checkpoint: Path, stem: str) -> bool:
-        """MiniMind's two files hold this checkpoint's save (not one a kill left behind)."""
-        keys = ("epoch", "step", "global_step", "run_id")
-        saved = read_manifest(checkpoint)
-        for path in (self.export(stem), self.resume(stem)):
-            if not path.exists() or any(saved.get(k) != read_manifest(path).get(k) for k in keys):
-                return False
-            if os.path.samefile(path, checkpoint):
-                continue  # the link to the checkpoint itself, whose bytes were verified (not read again)
-            try:
-                verify_manifest(path, accept_replaced=False)
-            except CheckpointError:
-                return False
-        return True
-
-    def prune(self, stem: str, run_id: str) -> None:
-        """Keep the newest ``keep_last`` checkpoints of this run (never another run's files); with
-        ``keep_runs``, at this process's first save, only the newest ``keep_runs`` runs' checkpoints."""
-        saves = ((p, run_of(p), save_order_key(p)) for p in CheckpointName.find(self.ckpt_dir, stem))
-        for old in expired(saves, run_id, self.keep_last):
-            remove_file(old)
-        if self.keep_runs is not None and not self._runs_pruned:
-            self._runs_pruned = True
-            prune_runs(self.ckpt_dir, stem, run_id, self.keep_runs)
+    def restores_rng(self) -> bool:
+        """Whether it holds global rank 0's RNG state (ours; not an original MiniMind file)."""
+        return self.ckpt is not None and rank_rng_state(self.ckpt.get(TRAINING_STATE_KEY) or {}, 0) is not None
 
 
-def save_order_key(path: Path) -> tuple[int, bool]:
-    """When a checkpoint was saved (manifest time, else file mtime); on a tie the Lightning one first."""
-    saved_at = read_manifest(path).get("saved_at")
-    if saved_at is None:
-        saved_at = path.stat().st_mtime_ns if path.exists() else 0
-    return int(saved_at), path.suffix == ".ckpt"
+def choose(flag: str | None, files: CheckpointFiles, stem: str, global_rank: int, remote: Any = None) -> Start | None:
+    """``--ckpt_path`` (``last``, a file or None) as a :class:`Start`: global rank 0 reads the chosen file
+    (verified) once; another rank only looks (:func:`choose_checkpoint`). With a URL directory (``remote``:
+    :class:`lit_minimind.resume.remote.RemoteCheckpoints`) ``last`` may first download the remote's newest."""
+    if remote is not None:
+        chosen = remote.choose(flag, files.ckpt_dir, stem, global_rank)
+    else:
+        chosen = choose_checkpoint(flag, files.ckpt_dir, stem, global_rank)
+    if chosen is None:
+        return None
+    return Start(chosen, read_checkpoint(chosen, "cpu") if global_rank == 0 else None)
 
 
 def resolve_last(ckpt_dir: str | Path, stem: str, verify: bool = True) -> Path | None:
@@ -175,36 +152,63 @@ def agree_on_checkpoint(trainer: Any, local: str | None) -> str | None:
     return chosen
 
 
-# ----------------------------------------------------------------------------- several runs in one directory
+# ----------------------------------------------------------------------------- after Lightning's restore
 
-def run_of(path: Path) -> str | None:
-    """The run id of one of our checkpoints: its manifest's, else the one in its name."""
-    run_id = read_manifest(path).get("run_id")
-    if run_id:
-        return str(run_id)
-    name = CheckpointName.parse(path.name)
-    return name.run_id if name else None
+def restore(trainer: Any, checkpoint: dict[str, Any], state_key: str) -> tuple[dict[str, Any] | None, Any]:
+    """In ``on_load_checkpoint`` (Lightning restored the DataModule's position already): complete what a
+    foreign checkpoint lacks (loop counters of an original MiniMind file or of a changed world size), say
+    where the run resumes, and return ``(where it resumed from, this rank's saved RNG state)``;
+    ``(None, None)`` for a Lightning checkpoint written without our DataModule (Lightning restores what it can)."""
+    adopt_scaler_state(checkpoint, trainer.precision_plugin)  # written under another precision plugin
+    datamodule = trainer.datamodule
+    position, saved = getattr(datamodule, "position", None), getattr(datamodule, "saved_position", None)
+    if position is None or saved is None:
+        return None, None
+    saved_world, world = int(saved.get("world_size") or 1), trainer.world_size
+    change = world_size_change(int(saved["step"]), saved_world, world, position.step)
+    if change:
+        rank_zero_info(change)
+    translated = saved_world != world or position.step != int(saved["step"])
+    accumulate = trainer.accumulate_grad_batches
+    if checkpoint.get("loops") is None or translated:
+        if checkpoint.get("global_step") is None or saved_world != world:
+            # an original MiniMind file, or steps of another world size: this world's optimizer steps up to
+            # the position, so --trainer.max_steps and the LR schedule count one kind of step
+            steps_here = optimizer_steps(position, accumulate)
+            if checkpoint.get("global_step") is not None and trainer.max_steps > 0:
+                rank_zero_info(f"global step {checkpoint['global_step']} on {saved_world} → {steps_here} on {world} "
+                               f"process(es); --trainer.max_steps {trainer.max_steps} counts optimizer steps of "
+                               f"{world} process(es): training and its LR schedule end at step {trainer.max_steps}")
+            checkpoint["global_step"] = steps_here
+        checkpoint["loops"] = loops_at(trainer.fit_loop.state_dict(), position, accumulate, checkpoint["global_step"])
+    rank_zero_info(position.describe())
+    source = (checkpoint.get("callbacks") or {}).get(state_key, {}).get("source_format", "lightning")
+    resumed_from = {"epoch": position.epoch, "step": position.step, "saved_step": int(saved["step"]),
+                    "world_size": saved_world, "global_step": checkpoint["global_step"], "source": source}
+    if not window_complete(position.step, position.iters, accumulate):  # a MiniMind file, an older one of ours
+        rank_zero_warn(f"the checkpoint was saved inside an accumulation window (step {position.step}, "
+                       f"{accumulate} batches per optimizer step) and holds no partial gradients (as MiniMind's "
+                       "own resume): this window's optimizer step sums only the batches from here")
+    return resumed_from, rank_rng_state(checkpoint.get(TRAINING_STATE_KEY) or {}, trainer.global_rank)
 
 
-def prune_runs(ckpt_dir: Path, stem: str, run_id: str, keep_runs: int) -> list[Path]:
-    """Delete every ``{stem}`` checkpoint (and its manifest) of the runs older than the newest
-    ``keep_runs`` (a run's age: its newest save); ``run_id``'s are never deleted. Returns what was removed."""
-    runs: dict[str, list[Path]] = {}
-    for path in CheckpointName.find(ckpt_dir, stem):
-        other = run_of(path)
-        if other is not None:
-            runs.setdefault(other, []).append(path)
-    newest_first = sorted(runs, key=lambda r: max(save_order_key(p) for p in runs[r]), reverse=True)
-    kept = [run_id, *[r for r in newest_first if r != run_id]][:keep_runs]
-    removed = [p for r in newest_first if r not in kept for p in runs[r]]
-    for path in removed:
-        remove_file(path)
-    if removed:
-        older = sorted({run_of(p) or "?" for p in removed})
-        print(f"checkpoints: --resume.keep_runs {keep_runs}: removed {len(removed)} checkpoint(s) of {len(older)} older "
-              f"run(s) ({', '.join(older)}) from {ckpt_dir}/", flush=True)
-    return removed
+def published(files: CheckpointFiles, checkpoint: Path, stem: str) -> bool:
+    """MiniMind's two files hold this checkpoint's save (not one a kill left behind)."""
+    keys = ("epoch", "step", "global_step", "run_id")
+    saved = read_manifest(checkpoint)
+    for path in (files.export(stem), files.resume(stem)):
+        if not path.exists() or any(saved.get(k) != read_manifest(path).get(k) for k in keys):
+            return False
+        if os.path.samefile(path, checkpoint):
+            continue  # the link to the checkpoint itself, whose bytes were verified (not read again)
+        try:
+            verify_manifest(path, accept_replaced=False)
+        except CheckpointError:
+            return False
+    return True
 
+
+# ----------------------------------------------------------------------------- MiniMind's _resume.pth
 
 def _pickle_mentions(path: Path, marker: bytes) -> bool:
     """Whether the main pickle of a ``torch.save`` file (its ``data.pkl``, small: tensors live apart) holds ``marker``."""
