@@ -1,6 +1,24 @@
-"""Every exception type of lit_minimind, in one module (nothing imported: no import circles)."""
+"""Every exception type of lit_minimind, in one module (nothing of the package imported: no import circles),
+and :func:`say`, the one way a line a user should read (not an error) reaches them."""
 
 from __future__ import annotations
+
+import sys
+
+
+def say(message: str) -> None:
+    """A line a user should read (a fresh start, a skipped damaged checkpoint, a resume inside an accumulation
+    window, ...): plain, on stderr, from global rank 0 only; the same in the CLI and in a user's own Lightning
+    script, never a Python warning with a file name and line number in front."""
+    if _global_rank() == 0:
+        print(message, file=sys.stderr, flush=True)
+
+
+def _global_rank() -> int:
+    """This process's global rank as Lightning's ``rank_zero_*`` functions know it (from the launcher's environment,
+    then the strategy's); 0 where Lightning is not loaded."""
+    module = sys.modules.get("lightning.fabric.utilities.rank_zero")
+    return int(getattr(getattr(module, "rank_zero_only", None), "rank", 0) or 0)
 
 
 class DataError(ValueError):

@@ -122,3 +122,7 @@ def test_own_datamodule_subclass_resumes_a_minimind_file_at_its_position(tmp_pat
     assert run.returncode == 0, run.stderr[-3000:]
     assert_resumed(run, 1, 6)
     assert sorted(run.steps) == [(1, step) for step in range(6, 13)]
+    # MiniMind's file is mid-window (step 5, 2 batches per step): said in a plain line, in a script as in the CLI
+    assert any(line.startswith("the checkpoint was saved inside an accumulation window (step 5")
+               for line in run.stderr.splitlines()), run.stderr[-3000:]
+    assert "UserWarning" not in run.stderr, run.stderr[-3000:]

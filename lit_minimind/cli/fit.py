@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from jsonargparse import ArgumentError
 from lightning.pytorch.cli import LightningCLI
-from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lit_minimind.callbacks import MiniMindConsole, ResumeCallback
@@ -39,7 +39,7 @@ from lit_minimind.cli.presets import DEFAULT_CONFIG, resolve_presets  # lit_mini
 from lit_minimind.cli.stage import apply_stage_defaults
 from lit_minimind.cli.validate import parse_error_line, validate
 from lit_minimind.data.datamodule import MiniMindDataModule
-from lit_minimind.errors import CheckpointError, DataError, UsageError
+from lit_minimind.errors import CheckpointError, DataError, UsageError, say
 from lit_minimind.model.minimind import SkipWeightInit
 from lit_minimind.model.module import LitMiniMind
 from lit_minimind.resume.internals import MiniMindSummary
@@ -113,7 +113,7 @@ class MiniMindCLI(LightningCLI):
         return super().instantiate_trainer(plugins=plugins, **kwargs)
 
     def instantiate_classes(self) -> None:
-        one_line_warnings()  # from here on the project's own warnings may come (checkpoints, resume)
+        one_line_warnings()  # warnings attributed to the project's code: one line
         # a resume overwrites every weight: they are built uninitialised, drawing nothing (initialise_weights)
         self.rng_before_model = torch.get_rng_state()
         self.weights_uninitialised = bool(self.config.get("ckpt_path"))
@@ -166,9 +166,9 @@ LIT_MINIMIND_DIR = Path(__file__).resolve().parents[1]
 
 
 def one_line_warnings() -> None:
-    """The project's own warnings (``skipping checkpoint ...``) as one line: Python's first line, without
-    the source line it prints under it (``rank_zero_warn(...)``), as Lightning prints its own. Wraps
-    ``warnings.formatwarning`` once per process."""
+    """A warning raised from the project's code (a library's warning attributed to its caller here) as one line:
+    Python's first line, without the source line under it, as Lightning prints its own. (The project's own
+    messages are plain lines: :func:`lit_minimind.errors.say`.) Wraps ``warnings.formatwarning`` once per process."""
     previous = warnings.formatwarning
     if getattr(previous, "one_line", False):
         return
@@ -299,7 +299,7 @@ def run_fit(args: list[str] | None) -> int:
         elif start is not None and ckpt_path is not None and cli.config.get("ckpt_path") == "last":
             rank_zero_print(f"--from_weight {start} not used: resuming from {ckpt_path}")
         elif start is not None and ckpt_path is not None:
-            rank_zero_warn(f"--from_weight {start} ignored: --ckpt_path {ckpt_path} is given")
+            say(f"--from_weight {start} ignored: --ckpt_path {ckpt_path} is given")
         cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
         exported = export_after_fit(cli.config.get("export_hf"), resume, cli.datamodule, cli.trainer)
     except (CheckpointError, DataError, UsageError) as err:

@@ -42,7 +42,7 @@ from typing import Any, Protocol
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info
 
 from lit_minimind.checkpoint.atomic import atomic_link, atomic_save, read_manifest, remove_file
 from lit_minimind.checkpoint.names import (
@@ -56,7 +56,7 @@ from lit_minimind.checkpoint.names import (
     minimind_file_names,
 )
 from lit_minimind.checkpoint.weights import add_minimind_keys, fp16_weights, unwrap_model
-from lit_minimind.errors import CheckpointError
+from lit_minimind.errors import CheckpointError, say
 from lit_minimind.resume.io import SafeCheckpointIO, saved_wandb_id
 from lit_minimind.resume.states import (
     WandbRun,
@@ -103,7 +103,7 @@ class Versions:
         here = library_versions()
         for lib, version in (state or {}).items():
             if lib in ("torch", "lightning") and version != here[lib]:
-                rank_zero_warn(f"checkpoint was written with {lib} {version}, this run uses {here[lib]}: "
+                say(f"checkpoint was written with {lib} {version}, this run uses {here[lib]}: "
                                "resume may not be bit-exact")
 
 
@@ -385,7 +385,7 @@ class CheckpointManager:
         Saves are taken at optimizer-step boundaries, where no gradient is pending."""
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         if not window_complete(step, int(trainer.num_training_batches), trainer.accumulate_grad_batches):
-            rank_zero_warn("a checkpoint saved inside an accumulation window (trainer.save_checkpoint outside "
+            say("a checkpoint saved inside an accumulation window (trainer.save_checkpoint outside "
                            "ResumeCallback) holds no partial gradients: its resume restarts the window's gradients")
         checkpoint[TRAINING_STATE_KEY] = save_rank_states(trainer)
         if trainer.is_global_zero:  # the rank that writes (DDP discards the others' dicts): no fp16 copy elsewhere

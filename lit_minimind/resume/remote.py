@@ -17,12 +17,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.utilities import rank_zero_warn
-
 from lit_minimind.checkpoint.atomic import read_manifest
 from lit_minimind.checkpoint.names import CheckpointName, is_url, minimind_file_names
 from lit_minimind.checkpoint.remote import RemoteDir
-from lit_minimind.errors import CheckpointError
+from lit_minimind.errors import CheckpointError, say
 from lit_minimind.resume.start import choose_checkpoint, resolve_last
 from lit_minimind.resume.upload import UPLOAD_DIR, Uploader, describe, link_for_upload
 
@@ -100,7 +98,7 @@ class RemoteCheckpoints:
             if local is None:
                 raise CheckpointError(f"--ckpt_path last: {err} and there is no local checkpoint: nothing was "
                                       "started; run again when the remote answers") from None
-            rank_zero_warn(f"--ckpt_path last: {err}; resuming from the local checkpoints in {local_dir}/ "
+            say(f"--ckpt_path last: {err}; resuming from the local checkpoints in {local_dir}/ "
                            "(the remote may hold a newer one)")
             return None
         if candidates:
@@ -114,7 +112,7 @@ class RemoteCheckpoints:
             try:
                 self.ckpt.download(name, manifest, target)  # type: ignore[union-attr]
             except CheckpointError as err:
-                rank_zero_warn(f"skipping remote checkpoint {err}")
+                say(f"skipping remote checkpoint {err}")
                 continue
             print(f"remote: downloaded {self.ckpt.where(name)} ({describe(manifest)}, CRC-32 checked)",  # type: ignore[union-attr]
                   flush=True)

@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info
 
 from lit_minimind.checkpoint.atomic import read_manifest
 from lit_minimind.checkpoint.names import RESUME_STATE_KEY, TRAINING_STATE_KEY, CheckpointName, minimind_file_names
 from lit_minimind.checkpoint.read import read_checkpoint, verify_checkpoint, verify_manifest
 from lit_minimind.checkpoint.weights import checkpoint_kind
-from lit_minimind.errors import CheckpointError
+from lit_minimind.errors import CheckpointError, say
 from lit_minimind.resume.internals import adopt_scaler_state, loops_at
 from lit_minimind.resume.manager import CheckpointFiles, save_order_key
 from lit_minimind.resume.states import (
@@ -96,7 +96,7 @@ def resolve_last(ckpt_dir: str | Path, stem: str, verify: bool = True) -> Path |
         try:
             verify_checkpoint(path)
         except CheckpointError as err:
-            rank_zero_warn(f"skipping checkpoint {err}")
+            say(f"skipping checkpoint {err}")
             problems.append(str(err))
             continue
         if path == minimind_resume and (kind := describe_resume_link(path, stem)):
@@ -122,7 +122,7 @@ def choose_checkpoint(flag: str | None, ckpt_dir: str | Path, stem: str, global_
     if flag == "last":
         found = resolve_last(ckpt_dir, stem, verify=global_rank == 0)
         if found is None:
-            rank_zero_warn(f"--ckpt_path last: no checkpoint for {stem} in {ckpt_dir}/ yet; starting fresh")
+            say(f"--ckpt_path last: no checkpoint for {stem} in {ckpt_dir}/ yet; starting fresh")
             return None
         return str(found)
     if not Path(flag).is_file():
@@ -186,7 +186,7 @@ def restore(trainer: Any, checkpoint: dict[str, Any], state_key: str) -> tuple[d
     resumed_from = {"epoch": position.epoch, "step": position.step, "saved_step": int(saved["step"]),
                     "world_size": saved_world, "global_step": checkpoint["global_step"], "source": source}
     if not window_complete(position.step, position.iters, accumulate):  # a MiniMind file, an older one of ours
-        rank_zero_warn(f"the checkpoint was saved inside an accumulation window (step {position.step}, "
+        say(f"the checkpoint was saved inside an accumulation window (step {position.step}, "
                        f"{accumulate} batches per optimizer step) and holds no partial gradients (as MiniMind's "
                        "own resume): this window's optimizer step sums only the batches from here")
     return resumed_from, rank_rng_state(checkpoint.get(TRAINING_STATE_KEY) or {}, trainer.global_rank)
@@ -255,7 +255,7 @@ def usable_resume_link(path: Path, stem: str) -> bool:
     checkpoints were deleted: it is no live run's), said in one line."""
     kind, target = resume_link(path, stem)
     if kind == "ours" and target is not None and not target.exists():
-        rank_zero_warn(f"--ckpt_path last: skipping {path}: a link to {target.name}, which no longer exists (that "
+        say(f"--ckpt_path last: skipping {path}: a link to {target.name}, which no longer exists (that "
                        f"run's checkpoints were deleted); to resume from it anyway: --ckpt_path {path}")
         return False
     return True
