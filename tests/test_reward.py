@@ -71,6 +71,9 @@ def test_reward_model_learns_the_pairs_and_reports_held_out_accuracy(tmp_path: P
     rows = list(csv.DictReader(open(next(tmp_path.glob("lightning_logs/version_*/metrics.csv")))))
     held_out = [(float(r["val_loss"]), float(r["val_reward_accuracy"])) for r in rows if r.get("val_reward_accuracy")]
     assert len(held_out) == 2  # one per epoch, on the last 9 of the 36 pairs (val_fraction 0.25)
+    shown = [line for line in run.stdout.splitlines() if line.startswith("validation after epoch ")]
+    assert [f"{accuracy:.4f}" in line and "val_reward_accuracy" in line for (_, accuracy), line in zip(held_out, shown)] \
+        == [True, True], shown  # the held-out accuracy of each epoch on the console
     assert held_out[1][0] < held_out[0][0] < 0.6931 and held_out[1][1] >= 0.75, held_out
     train = [r for r in rows if r.get("reward_loss")]
     assert len(train) == 14 and all(0 <= float(r["rewards/accuracy"]) <= 1 for r in train)

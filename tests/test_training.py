@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import subprocess
@@ -214,6 +215,17 @@ def test_stop_by_max_steps_saves_where_it_stopped(tmp_path: Path) -> None:
     assert rest.returncode == 0, rest.stderr[-3000:]
     assert sorted(rest.steps) == [(1, s) for s in range(7, 13)]
     assert_resumed(rest, 1, 7)
+
+
+def test_each_validation_is_shown_on_the_console(tmp_path: Path) -> None:
+    need_shared()
+    run = run_cli(tmp_path, tiny_args(epochs=1, accumulate=1, save_interval=100) + ["--data.val_fraction", "0.25"])
+    assert run.returncode == 0, run.stderr[-3000:]
+    shown = [line for line in run.stdout.splitlines() if line.startswith("validation after epoch 1 step 9/9: ")]
+    assert len(shown) == 1, run.stdout[-3000:]
+    rows = list(csv.DictReader(open(next(tmp_path.glob("lightning_logs/version_*/metrics.csv")))))
+    val_loss = next(float(r["val_loss"]) for r in rows if r.get("val_loss"))
+    assert f"val_loss {val_loss:.4f}" in shown[0] and "val_perplexity " in shown[0], shown
 
 
 @pytest.mark.slow  # make test-slow (budget)

@@ -242,6 +242,15 @@ class MiniMindConsole(Callback):
             self.first_loss = rows[0][1]["loss"]
         return [metrics for _, metrics in rows]
 
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Every validation's results in one line, for every stage that validates (``val_loss``, and
+        ``val_perplexity`` or the reward model's ``val_reward_accuracy``)."""
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val_")}
+        if trainer.sanity_checking or not metrics or not trainer.is_global_zero:
+            return
+        where = f"epoch {trainer.current_epoch + 1} step {batches_done(trainer)}/{int(trainer.num_training_batches)}"
+        console_print(trainer, f"validation after {where}: " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items())))
+
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._epoch_start = None
         if batches_done(trainer) >= int(trainer.num_training_batches):
