@@ -24,7 +24,8 @@ def test_signal_saves_and_exits_zero_then_resume_is_exact(tmp_path: Path, signam
     stopped = run_cli(run_dir, args + ["--ckpt_path", "last"], on_line=at_line(3, lambda run: run.send(getattr(signal, signame))))
     assert stopped.returncode == 0, stopped.stderr[-3000:]
     assert f"{signame} received" in stopped.stdout
-    assert "Resume with the same command plus --ckpt_path last" in stopped.stderr
+    # the command has --ckpt_path last already: it resumes as it is
+    assert "checkpoint saved. Resume with the same command\n" in stopped.stderr, stopped.stderr[-3000:]
     last_step = max(stopped.steps)
     assert last_step[1] % 2 == 0 and last_step < (2, 12), "must stop at an optimizer-step boundary, mid-run"
     resume = torch.load(run_dir / "checkpoints" / "pretrain_64_resume.pth", weights_only=True)

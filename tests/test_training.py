@@ -240,3 +240,23 @@ def test_validation_split_resume_at_epoch_end_keeps_each_validation(tmp_path: Pa
     assert_resumed(second, 2, 1)
     assert sorted(second.steps) == [(2, s) for s in range(1, 10)]
     assert second.stderr.count("new best val_loss") == 1  # epoch 2's validation ran (and beat epoch 1's)
+
+
+def test_a_resume_with_another_epoch_count_says_how_the_lr_changes(tmp_path: Path) -> None:
+    """The README's exercise from MiniMind (``--epochs 1``, then ``--epochs 2 --from_resume 1``): the LR rule's total
+    steps change with the epochs, as in MiniMind; the resume says so in one line, with the LR of its first batch
+    before and after, and that LR is the one trained with. The same epoch count again: no line."""
+    need_shared()
+    first = run_cli(tmp_path, tiny_args(epochs=1, accumulate=1, save_interval=100))
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = run_cli(tmp_path, tiny_args(epochs=2, accumulate=1, save_interval=100) + ["--from_resume", "1"])
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert_resumed(second, 2, 1)
+    before, after = minimind_lr(13, 12, 5e-4), minimind_lr(13, 24, 5e-4)
+    assert before != after
+    line = (f"learning rate schedule: 12 -> 24 total steps (another epoch or step count than the checkpoint's run): "
+            f"lr {before:.6g} -> {after:.6g} at epoch 2 step 1")
+    assert line in second.stderr.splitlines(), second.stderr[-3000:]
+    assert float(second.steps[(2, 1)][-1]) == pytest.approx(after, abs=1e-8)  # the console's lr: the new rule's
+    again = run_cli(tmp_path, tiny_args(epochs=2, accumulate=1, save_interval=100) + ["--ckpt_path", "last"])
+    assert again.returncode == 0 and "learning rate schedule" not in again.stderr, again.stderr[-3000:]

@@ -165,7 +165,8 @@ class ResumeCallback(AnswersLast):
         self.stopped_by = STOP.signal_name or "a signal on another rank"
         trainer.should_stop = True
         trainer.limit_val_batches = 0  # no validation in a preemption's grace period
-        rank_zero_info(f"stopped by {self.stopped_by} {what}. Resume with the same command plus --ckpt_path last")
+        again = "" if self.manager.asked == "last" else " plus --ckpt_path last"  # (MiniMind's --from_resume 1 is last)
+        rank_zero_info(f"stopped by {self.stopped_by} {what}. Resume with the same command{again}")
 
     # ------------------------------------------------------------------ the end
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

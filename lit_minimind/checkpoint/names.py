@@ -32,6 +32,7 @@ LORA_KEY = ".lora."  # in every LoRA adapter's key (MiniMind's ``lora`` modules)
 CALLBACK_FORMAT_VERSION = 2  # of ResumeCallback's state
 START_WEIGHTS_KEY = "start_weights"  # {"path", "sha256"} of --from_weight in LoRA, DPO and GRPO checkpoints
 TEACHER_KEY = "teacher"  # {"path", "sha256"} of --model.teacher in distillation checkpoints
+LR_SCHEDULE_KEY = "lr_schedule"  # {"total": T of the LR rule}: a resume with another T says so
 REWARD_MODEL_KEY = "reward_model"  # {"path", "sha256"} of --model.reward_model in GRPO checkpoints
 
 # Everything one of our checkpoints holds, by top-level key: who provides it (each through its own public
@@ -53,6 +54,7 @@ CHECKPOINT_SCHEMA: dict[str, str] = {
     DATA_STATE_KEY: "Lightning, from MiniMindDataModule.state_dict: the data position (epoch, step, world size, "
                     "epoch length, batch size, dataset length)",
     "model_config": "LitMiniMind.on_save_checkpoint: the model's shape",
+    LR_SCHEDULE_KEY: "LitMiniMind.on_save_checkpoint: the LR rule's total steps (a resume with another says so)",
     START_WEIGHTS_KEY: "LitMiniMind.on_save_checkpoint, LoRA, DPO and GRPO only: path and sha256 of --from_weight",
     TEACHER_KEY: "LitMiniMind.on_save_checkpoint, distillation only: path and sha256 of --model.teacher",
     REWARD_MODEL_KEY: "LitMiniMind.on_save_checkpoint, GRPO with a reward model only: path and sha256 of "

@@ -11,11 +11,17 @@ import lightning as L
 import torch
 from torchmetrics.aggregation import MeanMetric
 
-from lit_minimind.checkpoint.names import REWARD_MODEL_KEY, START_WEIGHTS_KEY, TEACHER_KEY, TRAINING_STATE_KEY
+from lit_minimind.checkpoint.names import (
+    LR_SCHEDULE_KEY,
+    REWARD_MODEL_KEY,
+    START_WEIGHTS_KEY,
+    TEACHER_KEY,
+    TRAINING_STATE_KEY,
+)
 from lit_minimind.checkpoint.read import read_checkpoint
 from lit_minimind.checkpoint.weights import config_mismatches, model_weights, shape_config
 from lit_minimind.data.sampler import MINIMIND_SEED
-from lit_minimind.errors import CheckpointError
+from lit_minimind.errors import CheckpointError, say
 from lit_minimind.model import MiniMindConfig, MiniMindForCausalLM
 from lit_minimind.model.distill import DISTILL_ALPHA, DISTILL_TEMPERATURE, distill_loss, load_teacher
 from lit_minimind.model.dpo import DPO_BETA, Reference, dpo_inputs, dpo_loss, file_sha256, token_log_probs
@@ -200,6 +206,7 @@ class LitMiniMind(L.LightningModule):
         self.scorer = None  # GRPO's reward model (a RewardScorer), held outside the modules as the reference
         self._stream_epoch: int | None = None  # GRPO: the epoch whose rollout stream this process has set up
         self._rng_restored = False  # GRPO: whether a resume gave this rank its saved RNG state
+        self._saved_lr_total: int | None = None  # the LR rule's T of the run a resume continues
         # as MiniMind: DDP leaves the RoPE tables alone (constants on every rank, not state to broadcast)
         self._ddp_params_and_buffers_to_ignore = [n for n, _ in self.named_buffers() if n.endswith(("freqs_cos", "freqs_sin"))]
         if compile:
@@ -280,6 +287,34 @@ class LitMiniMind(L.LightningModule):
             total = min(total, trainer.max_steps * trainer.accumulate_grad_batches)
         return max(1, int(total))
 
+    def lr_total(self) -> int:
+        """``T`` of this run's LR rule, in its own unit: micro-batches (MiniMind's rule), optimizer steps (GRPO's)."""
+        if self.objective != "grpo":
+            return self.total_lr_steps()
+        trainer, total = self.trainer, math.inf
+        if trainer.max_epochs and trainer.max_epochs > 0:
+            total = math.ceil(int(trainer.num_training_batches) / trainer.accumulate_grad_batches) * trainer.max_epochs
+        if trainer.max_steps and trainer.max_steps > 0:
+            total = min(total, trainer.max_steps)
+        return max(int(total), 1)
+
+    def lr_schedule_change(self, saved_total: int, batch_idx: int) -> str | None:
+        """At a resume's first batch (``batch_idx`` of the current epoch): the line saying the LR schedule differs
+        from the saved run's (another epoch or step count changes ``T``, as in MiniMind), with this batch's LR under
+        both; None when ``T`` is the same."""
+        total, epoch = self.lr_total(), self.current_epoch
+        if int(saved_total) == total:
+            return None
+        if self.objective == "grpo":
+            steps = self.trainer.global_step
+            lr = lambda t: self.grpo_lr_of(steps, t)  # noqa: E731
+        else:
+            index = epoch * int(self.trainer.num_training_batches) + batch_idx + 1
+            lr = lambda t: minimind_lr(index, t, self.hparams.learning_rate, self.hparams.warmup_steps)  # noqa: E731
+        unit = "optimizer steps" if self.objective == "grpo" else "steps"
+        return (f"learning rate schedule: {saved_total} -> {total} total {unit} (another epoch or step count than the "
+                f"checkpoint's run): lr {lr(int(saved_total)):.6g} -> {lr(total):.6g} at epoch {epoch + 1} step {batch_idx + 1}")
+
     def lr_at(self, epoch: int, step: int) -> float:
         """LR for the ``step``-th (1-based) micro-batch of ``epoch``."""
         iters = int(self.trainer.num_training_batches)
@@ -290,6 +325,10 @@ class LitMiniMind(L.LightningModule):
         return self.model(input_ids, labels=labels)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        if self._saved_lr_total is not None:  # a resume's first batch: is the LR schedule the saved run's?
+            saved, self._saved_lr_total = self._saved_lr_total, None
+            if self.trainer.is_global_zero and (line := self.lr_schedule_change(saved, batch_idx)):
+                say(line)
         if self.objective == "grpo":
             return self.grpo_step(batch, batch_idx)
         lr = self.lr_at(self.current_epoch, batch_idx + 1)
@@ -350,12 +389,10 @@ class LitMiniMind(L.LightningModule):
     def grpo_lr(self, optimizer_steps: int) -> float:
         """MiniMind's GRPO LR: ``CosineAnnealingLR`` over the run's optimizer steps down to a tenth of the peak
         (``T_max = ceil(iters / accumulation) * epochs``, or ``--trainer.max_steps``), after ``optimizer_steps``."""
-        trainer, peak = self.trainer, self.hparams.learning_rate
-        total = math.inf
-        if trainer.max_epochs and trainer.max_epochs > 0:
-            total = math.ceil(int(trainer.num_training_batches) / trainer.accumulate_grad_batches) * trainer.max_epochs
-        if trainer.max_steps and trainer.max_steps > 0:
-            total = min(total, trainer.max_steps)
+        return self.grpo_lr_of(optimizer_steps, self.lr_total())
+
+    def grpo_lr_of(self, optimizer_steps: int, total: int) -> float:
+        peak = self.hparams.learning_rate
         eta_min = peak / 10
         return eta_min + (peak - eta_min) * (1 + math.cos(math.pi * optimizer_steps / max(int(total), 1))) / 2
 
@@ -434,6 +471,8 @@ class LitMiniMind(L.LightningModule):
     # ----------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["model_config"] = self.config.to_dict()
+        if math.isfinite(self.trainer.num_training_batches):  # a save during fit (not one before any epoch)
+            checkpoint[LR_SCHEDULE_KEY] = {"total": self.lr_total()}
         if self.needs_start_weights and self.start_weights is not None:
             checkpoint[START_WEIGHTS_KEY] = dict(self.start_weights)
         if self.teacher is not None:
@@ -448,6 +487,7 @@ class LitMiniMind(L.LightningModule):
         problems += self.start_weights_mismatches(checkpoint) + self.teacher_mismatches(checkpoint)
         problems += self.reward_model_mismatches(checkpoint)
         self._rng_restored = rank_rng_state(checkpoint.get(TRAINING_STATE_KEY) or {}, self.global_rank) is not None
+        self._saved_lr_total = (checkpoint.get(LR_SCHEDULE_KEY) or {}).get("total")  # checked at the first batch
         if problems:
             raise CheckpointError("checkpoint does not match this run (a resume needs the same model):\n  "
                                   + "\n  ".join(problems))

@@ -249,6 +249,7 @@ class CheckpointManager:
                            ("versions", Versions())):
             self.register(name, part)
         self.start: Any = None  # the chosen start (lit_minimind.resume.start.Start), until setup hands it over
+        self.asked: str | None = None  # the ckpt_path the run was started with ("last": a rerun resumes by itself)
         self.resumed_from: dict[str, Any] | None = None
         self.saved_files: list[Path] = []
         self.save_seconds: tuple[float, float | None] = (0.0, None)  # the last save: loop's wait, until committed
@@ -311,7 +312,7 @@ class CheckpointManager:
         global rank 0 the wandb run continues and the ``chosen`` event carries the verified read."""
         from lit_minimind.resume.start import choose
 
-        self.start = None
+        self.start, self.asked = None, ckpt_path
         if trainer.is_global_zero and self.remote is not None:
             self.remote.uploader.start()  # the upload process starts up while the trainer does
         self.start = choose(ckpt_path, self.files, self.stem(pl_module), trainer.global_rank, self.remote)
