@@ -323,3 +323,36 @@ def test_keep_runs_zero_is_refused(tmp_path: Path) -> None:
     need_shared()
     run = run_cli(tmp_path, tiny_args("--resume.keep_runs", "0"))
     assert run.returncode == 2 and "keep_runs must be >= 1" in run.stderr, run.stderr[-3000:]
+
+
+def test_last_means_this_runs_data_and_says_whose_the_other_files_are(tmp_path: Path) -> None:
+    """Issue 51's walk: a run (TINY_JSONL), another run on other data in the same directory (its newer files take
+    MiniMind's names: the export's replacement is said), then the first command with ``--ckpt_path last``: it
+    resumes its own newest checkpoint, passing over the other run's, said in one line. A third run's data, with only
+    the others' checkpoints there: one error line naming whose they are and the two ways on (exit 2)."""
+    need_shared()
+    other = tmp_path / "my.jsonl"
+    other.write_text("".join(TINY_JSONL.read_text().splitlines(keepends=True)[:24]))
+    ours = tiny_args(epochs=1, accumulate=1, save_interval=100)
+    first = run_cli(tmp_path, ours)
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = run_cli(tmp_path, [*ours, "--data.data_path", str(other)])
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert any(line.startswith(f"out/{STEM}.pth: replacing the fp16 export of another run (")
+               for line in second.stderr.splitlines()), second.stderr[-3000:]
+
+    again = run_cli(tmp_path, [*tiny_args(epochs=2, accumulate=1, save_interval=100), "--ckpt_path", "last"])
+    assert again.returncode == 0, again.stderr[-3000:]
+    passed = [line for line in again.stderr.splitlines() if line.startswith("--ckpt_path last: passing over")]
+    assert len(passed) == 1 and f"data {other.resolve()}, batch size 4, 2 layers, saved " in passed[0], passed
+    assert_resumed(again, 2, 1)  # its own epoch-end checkpoint, not the other run's
+
+    third_data = tmp_path / "third.jsonl"
+    third_data.write_text("".join(TINY_JSONL.read_text().splitlines(keepends=True)[:32]))
+    third = run_cli(tmp_path, [*ours, "--data.data_path", str(third_data), "--ckpt_path", "last"])
+    assert third.returncode == 2 and third.steps == {}, third.stderr[-3000:]
+    line = error_lines(third.stderr)[0]
+    assert line.startswith(f"error: --ckpt_path last: the checkpoints for {STEM} in checkpoints/ are another run's ("), line
+    # the newest there is the first run's (resumed above)
+    assert f"Either resume that run with its flags (--data.data_path {TINY_JSONL.resolve()} --data.batch_size 4" in line
+    assert "or start this one fresh: run without --ckpt_path" in line

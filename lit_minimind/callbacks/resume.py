@@ -88,11 +88,11 @@ class ResumeCallback(AnswersLast):
         self.manager.restore(trainer, checkpoint)
 
     # ------------------------------------------------------------------ start
-    def choose(self, trainer: L.Trainer, pl_module: L.LightningModule, ckpt_path: str | None) -> str | None:
-        """The checkpoint this run starts from (``"last"``, a file or None), before ``trainer.fit`` starts the loggers:
-        global rank 0 reads it once, verified, and continues its wandb run and CSV log directory. ``ckpt_path="last"``
-        calls it; call it yourself and pass its result to continue the loggers of a checkpoint named by path."""
-        return self.manager.choose(trainer, pl_module, ckpt_path)
+    def choose(self, trainer: L.Trainer, pl_module: L.LightningModule, ckpt_path: str | None,
+               datamodule: L.LightningDataModule | None = None) -> str | None:
+        """The start (``"last"``: this run's newest; a file; None), read once and its loggers continued before fit starts
+        them: ``ckpt_path="last"`` calls it; call it and pass its result to continue those of a file named by path."""
+        return self.manager.choose(trainer, pl_module, ckpt_path, datamodule)
 
     def last_checkpoints(self, trainer: L.Trainer) -> set[str]:
         return self.manager.last(trainer)
@@ -168,7 +168,6 @@ class ResumeCallback(AnswersLast):
         again = "" if self.manager.asked == "last" else " plus --ckpt_path last"  # (MiniMind's --from_resume 1 is last)
         rank_zero_info(f"stopped by {self.stopped_by} {what}. Resume with the same command{again}")
 
-    # ------------------------------------------------------------------ the end
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.manager.finish(trainer)
 

@@ -45,7 +45,7 @@ CHECKPOINT_SCHEMA: dict[str, str] = {
     "pytorch-lightning_version": "Lightning",
     "state_dict": "Lightning, from LitMiniMind: fp32 weights (and the epoch's mean loss)",
     "loops": "Lightning: its loop counters",
-    "callbacks": f"Lightning, from each callback's state_dict: {RESUME_STATE_KEY} (run id, save records, the save "
+    "callbacks": f"Lightning, from each callback's state_dict: {RESUME_STATE_KEY} (run id, the run's data and depth, save records, the save "
                  f"schedule's history), {CONSOLE_STATE_KEY} (micro_step, the rows a resume logs again, CSV log directories)",
     "optimizer_states": "Lightning: AdamW",
     "lr_schedulers": "Lightning: none (LitMiniMind sets MiniMind's LR itself)",

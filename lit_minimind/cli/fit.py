@@ -287,7 +287,7 @@ def run_fit(args: list[str] | None) -> int:
         # every directory the run writes, before anything is made there (a download, a log directory)
         check_run_dirs(cli.trainer, cli.model, resume.manager, fresh=not cli.config.get("ckpt_path"))
         # what trainer.fit(ckpt_path="last") would choose, chosen here: --from_weight depends on it
-        ckpt_path = resume.choose(cli.trainer, cli.model, cli.config.get("ckpt_path"))
+        ckpt_path = resume.choose(cli.trainer, cli.model, cli.config.get("ckpt_path"), cli.datamodule)
         cli.initialise_weights(restored=resume.manager.restores_every_weight(cli.trainer, cli.model))
         start = weight_path(cli.config.get("from_weight"), resume.manager.files.out_dir, cli.model.config.hidden_size,
                             cli.model.config.use_moe)

@@ -96,7 +96,8 @@ class SafeCheckpointIO(TorchCheckpointIO):
         """Atomic write; an OSError is kept for :meth:`take_error` instead of raised, so that rank 0
         still reaches Lightning's barrier and the failure can stop every rank together."""
         meta = {k: checkpoint[k] for k in MANIFEST_FIELDS if k in checkpoint}
-        meta["run_id"] = (checkpoint.get("callbacks") or {}).get(RESUME_STATE_KEY, {}).get("run_id")
+        state = (checkpoint.get("callbacks") or {}).get(RESUME_STATE_KEY, {})
+        meta["run_id"], meta["identity"] = state.get("run_id"), state.get("identity")
         if self.async_writes:
             self.wait()  # the previous snapshot's buffers are reused: it must be on disk
             checkpoint = self._snapshot(checkpoint)

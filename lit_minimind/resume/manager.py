@@ -143,6 +143,7 @@ class CheckpointFiles:
             raise ValueError(f"keep_runs must be >= 1 (or unset: every run's files stay), got {keep_runs}")
         self.ckpt_dir, self.out_dir, self.weight, self.keep_last = Path(ckpt_dir), Path(out_dir), weight, keep_last
         self.keep_runs, self._runs_pruned = keep_runs, False
+        self._replaced: set[str] = set()  # other runs whose export this run replaced (said once each)
 
     def checkpoint(self, name: CheckpointName) -> Path:
         return self.ckpt_dir / str(name)
@@ -157,8 +158,14 @@ class CheckpointFiles:
         return self.ckpt_dir / minimind_file_names(stem)[1]
 
     def publish(self, checkpoint: Path, stem: str, weights: dict[str, torch.Tensor]) -> list[Path]:
-        """After ``checkpoint`` is committed: MiniMind's ``_resume.pth`` (a link) and fp16 export."""
+        """After ``checkpoint`` is committed: MiniMind's ``_resume.pth`` (a link) and fp16 export (another run's
+        export of the same name replaced: said, once)."""
         meta = {k: v for k, v in read_manifest(checkpoint).items() if k in ("epoch", "step", "global_step", "run_id")}
+        other = read_manifest(self.export(stem)).get("run_id") if self.export(stem).exists() else None
+        if other and other != meta.get("run_id") and other not in self._replaced:
+            self._replaced.add(other)
+            say(f"{self.export(stem)}: replacing the fp16 export of another run ({other}; MiniMind names the export by "
+                f"{stem} only); that run's checkpoints stay in {self.ckpt_dir}/")
         atomic_link(checkpoint, self.resume(stem))
         atomic_save(weights, self.export(stem), {"kind": "weights", **meta})
         return [self.export(stem), self.resume(stem)]
@@ -243,10 +250,11 @@ class CheckpointManager:
         self.wandb = WandbRun()
         self.best = Value()  # the lowest validation loss so far (``{stem}_best.ckpt``)
         self.records = Value({}, keep=True)  # every resume of this run (for the wandb config)
+        self.identity = Constant(None)  # this run's data, batch size, depth: `last` passes over other runs' files
         self.parts: dict[str, Stateful] = {}
         for name, part in (("run_id", self.run), ("wandb_id", self.wandb), ("best_val_loss", self.best),
                            ("resume_records", self.records), ("format", Constant(CALLBACK_FORMAT_VERSION)),
-                           ("versions", Versions())):
+                           ("versions", Versions()), ("identity", self.identity)):
             self.register(name, part)
         self.start: Any = None  # the chosen start (lit_minimind.resume.start.Start), until setup hands it over
         self.asked: str | None = None  # the ckpt_path the run was started with ("last": a rerun resumes by itself)
@@ -275,6 +283,16 @@ class CheckpointManager:
         cfg = unwrap_model(pl_module).config
         return checkpoint_stem(self.files.weight, cfg.hidden_size, cfg.use_moe)
 
+    @staticmethod
+    def identity_of(datamodule: Any, pl_module: Any) -> dict[str, Any]:
+        """What tells this run's checkpoints from another run's under the same stem (the same ``{weight}_{hidden}``
+        names): its data file (absolute; None: the embedded corpus), batch size, held-out fraction and depth. Also
+        in each checkpoint's manifest, so that ``last`` tells them apart without loading a file."""
+        data = getattr(datamodule, "data_path", None)
+        return {"data": str(Path(data).resolve()) if data else None, "batch_size": getattr(datamodule, "batch_size", None),
+                "val_fraction": getattr(datamodule, "val_fraction", None),
+                "layers": unwrap_model(pl_module).config.num_hidden_layers}
+
     # ------------------------------------------------------------------ set-up
     def install_io(self, trainer: Any) -> SafeCheckpointIO:
         """The strategy's checkpoint storage becomes :class:`SafeCheckpointIO` (its public setter) unless it
@@ -297,6 +315,7 @@ class CheckpointManager:
 
         if trainer.is_global_zero and self.remote is not None:
             self.remote.uploader.start()
+        self.identity.value = self.identity_of(trainer.datamodule, trainer.lightning_module)
         start, self.start = self.start, None
         chosen = agree_on_checkpoint(trainer, start.path if start is not None else None)
         if trainer.world_size > 1:  # one run id, so every rank names the checkpoint (and its shard) as rank 0 does
@@ -307,15 +326,17 @@ class CheckpointManager:
             io.load_verified(chosen)  # rank 0's file; rank 0 checked its bytes
 
     # ------------------------------------------------------------------ load
-    def choose(self, trainer: Any, pl_module: Any, ckpt_path: str | None) -> str | None:
-        """The start, before ``trainer.fit`` starts the loggers (:func:`lit_minimind.resume.start.choose`); on
-        global rank 0 the wandb run continues and the ``chosen`` event carries the verified read."""
+    def choose(self, trainer: Any, pl_module: Any, ckpt_path: str | None, datamodule: Any = None) -> str | None:
+        """The start, before ``trainer.fit`` starts the loggers (:func:`lit_minimind.resume.start.choose`; ``last``: of
+        this run's data and shape, :meth:`identity_of` ``datamodule``, the trainer's by default); on global rank 0 the
+        wandb run continues and the ``chosen`` event carries the verified read."""
         from lit_minimind.resume.start import choose
 
+        ours = self.identity_of(datamodule if datamodule is not None else trainer.datamodule, pl_module)
         self.start, self.asked = None, ckpt_path
         if trainer.is_global_zero and self.remote is not None:
             self.remote.uploader.start()  # the upload process starts up while the trainer does
-        self.start = choose(ckpt_path, self.files, self.stem(pl_module), trainer.global_rank, self.remote)
+        self.start = choose(ckpt_path, self.files, self.stem(pl_module), trainer.global_rank, self.remote, ours)
         if self.start is None or self.start.ckpt is None:
             return self.start.path if self.start is not None else None
         self.wandb.at_start(trainer, saved_wandb_id(self.start.ckpt))  # before Lightning starts the wandb run

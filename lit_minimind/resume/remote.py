@@ -150,17 +150,18 @@ class RemoteCheckpoints:
 
 
     # ------------------------------------------------------------------ the start
-    def choose(self, flag: str | None, ckpt_dir: str | Path, stem: str, global_rank: int) -> str | None:
+    def choose(self, flag: str | None, ckpt_dir: str | Path, stem: str, global_rank: int,
+               ours: dict[str, Any] | None = None) -> str | None:
         """:func:`lit_minimind.resume.start.choose_checkpoint`, the remote included: for ``last`` global rank 0 first
         downloads the newest committed remote checkpoint when it is newer than every local one (a local
         one newer than the remote's wins, and is uploaded at the start). Another rank only looks whether
         there is a checkpoint anywhere; every rank then loads rank 0's choice."""
         if flag != "last" or self.ckpt is None:
-            return choose_checkpoint(flag, ckpt_dir, stem, global_rank)
+            return choose_checkpoint(flag, ckpt_dir, stem, global_rank, ours)
         if global_rank == 0:
             self.fetch_newer(Path(ckpt_dir), stem)
-            return choose_checkpoint(flag, ckpt_dir, stem, global_rank)
-        local = choose_checkpoint(flag, ckpt_dir, stem, global_rank)
+            return choose_checkpoint(flag, ckpt_dir, stem, global_rank, ours)
+        local = choose_checkpoint(flag, ckpt_dir, stem, global_rank, ours)
         try:
             found = local is None and bool(self.newest(stem))
         except CheckpointError:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,20 +62,46 @@ class Start:
         return self.ckpt is not None and rank_rng_state(self.ckpt.get(TRAINING_STATE_KEY) or {}, 0) is not None
 
 
-def choose(flag: str | None, files: CheckpointFiles, stem: str, global_rank: int, remote: Any = None) -> Start | None:
+def choose(flag: str | None, files: CheckpointFiles, stem: str, global_rank: int, remote: Any = None,
+           ours: dict[str, Any] | None = None) -> Start | None:
     """``--ckpt_path`` (``last``, a file or None) as a :class:`Start`: global rank 0 reads the chosen file
     (verified) once; another rank only looks (:func:`choose_checkpoint`). With a URL directory (``remote``:
     :class:`lit_minimind.resume.remote.RemoteCheckpoints`) ``last`` may first download the remote's newest."""
     if remote is not None:
-        chosen = remote.choose(flag, files.ckpt_dir, stem, global_rank)
+        chosen = remote.choose(flag, files.ckpt_dir, stem, global_rank, ours)
     else:
-        chosen = choose_checkpoint(flag, files.ckpt_dir, stem, global_rank)
+        chosen = choose_checkpoint(flag, files.ckpt_dir, stem, global_rank, ours)
     if chosen is None:
         return None
     return Start(chosen, read_checkpoint(chosen, "cpu") if global_rank == 0 else None)
 
 
-def resolve_last(ckpt_dir: str | Path, stem: str, verify: bool = True) -> Path | None:
+def another_run(path: Path, ours: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The identity a checkpoint's manifest records (its data, batch size, layers: ``CheckpointManager.identity``)
+    when it is not ``ours``: another run's file under the same stem; None when it is ours or cannot tell (a file
+    written before identities were recorded, original MiniMind's)."""
+    theirs = read_manifest(path).get("identity") if ours else None
+    if not theirs or all(theirs.get(k) == v for k, v in ours.items() if k in theirs):
+        return None
+    return {**theirs, "saved_at": read_manifest(path).get("saved_at"), "file": path.name}
+
+
+def describe_run(identity: dict[str, Any]) -> str:
+    """``data my.jsonl, batch size 16, 2 layers``, and when it was saved where known."""
+    data = identity.get("data") or "the embedded corpus"
+    text = f"data {data}, batch size {identity.get('batch_size')}, {identity.get('layers')} layers"
+    if identity.get("saved_at"):
+        text += ", saved " + time.strftime("%Y-%m-%d %H:%M", time.localtime(int(identity["saved_at"]) / 1e9))
+    return text
+
+
+def run_flags(identity: dict[str, Any]) -> str:
+    """The flags that give a run this identity's data and batch size."""
+    data = f"--data.data_path {identity['data']}" if identity.get("data") else "no --data.data_path (the embedded corpus)"
+    return f"{data} --data.batch_size {identity.get('batch_size')}"
+
+
+def resolve_last(ckpt_dir: str | Path, stem: str, verify: bool = True, ours: dict[str, Any] | None = None) -> Path | None:
     """The most recently saved valid resume checkpoint of ``stem`` in ``ckpt_dir``; ``None`` when there
     is none at all.
 
@@ -83,16 +110,23 @@ def resolve_last(ckpt_dir: str | Path, stem: str, verify: bool = True) -> Path |
     :func:`usable_resume_link`). The newest save wins, as Lightning's own ``last`` does; a damaged file is skipped with a
     warning naming it and why. When files exist but none is usable it raises (never a silent fresh start).
     ``verify=False``: the newest candidate, unread (what a DDP rank other than 0 looks at).
+
+    ``ours``: this run's identity (``CheckpointManager.identity_of``): another run's checkpoints under the same stem
+    (other data, batch size or depth) are passed over, said in one line; with only another run's, it raises,
+    naming that run and the two ways on.
     """
     ckpt_dir = Path(ckpt_dir)
     candidates = CheckpointName.find(ckpt_dir, stem)
     minimind_resume = ckpt_dir / minimind_file_names(stem)[1]
     if minimind_resume.exists() and usable_resume_link(minimind_resume, stem):
         candidates.append(minimind_resume)
-    problems = []
+    problems, others = [], []
     for path in sorted(candidates, key=save_order_key, reverse=True):
         if not verify:
             return path
+        if (theirs := another_run(path, ours)) is not None:
+            others.append(theirs)
+            continue
         try:
             verify_checkpoint(path)
         except CheckpointError as err:
@@ -101,7 +135,17 @@ def resolve_last(ckpt_dir: str | Path, stem: str, verify: bool = True) -> Path |
             continue
         if path == minimind_resume and (kind := describe_resume_link(path, stem)):
             rank_zero_info(kind)
+        if others:
+            say(f"--ckpt_path last: passing over the newer checkpoints of another run in {ckpt_dir}/ "
+                f"({describe_run(others[0])}): resuming this run's {path.name}")
         return path
+    if others:
+        assert ours is not None
+        raise CheckpointError(
+            f"--ckpt_path last: the checkpoints for {stem} in {ckpt_dir}/ are another run's ({describe_run(others[0])}), "
+            f"not this run's ({describe_run(ours)}). Either resume that run with its flags ({run_flags(others[0])} "
+            "--ckpt_path last), or start this one fresh: run without --ckpt_path (that run's checkpoints stay; "
+            f"the fp16 export {stem}.pth, MiniMind's name for it, would be replaced)")
     if problems:
         raise CheckpointError(
             f"--ckpt_path last: no usable checkpoint for {stem} in {ckpt_dir}/ - every candidate is damaged:\n  "
@@ -112,7 +156,8 @@ def resolve_last(ckpt_dir: str | Path, stem: str, verify: bool = True) -> Path |
     return None
 
 
-def choose_checkpoint(flag: str | None, ckpt_dir: str | Path, stem: str, global_rank: int) -> str | None:
+def choose_checkpoint(flag: str | None, ckpt_dir: str | Path, stem: str, global_rank: int,
+                      ours: dict[str, Any] | None = None) -> str | None:
     """``--ckpt_path`` as this process sees it before the DDP process group exists: global rank 0 turns
     ``last`` into the newest valid file (reading it whole: CRC) or checks a given file; another rank only
     looks whether there is one, without reading it: every rank loads rank 0's choice
@@ -120,7 +165,7 @@ def choose_checkpoint(flag: str | None, ckpt_dir: str | Path, stem: str, global_
     if not flag:
         return None
     if flag == "last":
-        found = resolve_last(ckpt_dir, stem, verify=global_rank == 0)
+        found = resolve_last(ckpt_dir, stem, verify=global_rank == 0, ours=ours)
         if found is None:
             say(f"--ckpt_path last: no checkpoint for {stem} in {ckpt_dir}/ yet; starting fresh")
             return None
