@@ -150,11 +150,19 @@ def test_a_stopped_rank_ends_rank_0_within_the_bound_and_the_resume_is_exact(tmp
     ref_dir, ref_steps = ddp_reference
     live = Live(tmp_path, ddp_config(*bounds(floor=4, save=4)))
     live.until(r"Epoch:\[1/2\]\(3/6\)")
-    os.kill(rank_pid(live.proc, 1), signal.SIGSTOP)
+    frozen = rank_pid(live.proc, 1)
+    os.kill(frozen, signal.SIGSTOP)
     stopped_at = time.monotonic()
     hung = live.finish()
     exit_s = time.monotonic() - stopped_at
     assert hung.returncode == HANG_EXIT, hung.stderr[-3000:]
+    # the frozen rank, rank 0's child (Lightning's launcher), does not outlive it: SIGKILLed, and said
+    assert f"[rank 0] watchdog: ended the 1 other rank process(es) this one launched (pid {frozen}) with SIGKILL" \
+        in hung.stderr, hung.stderr[-3000:]
+    try:
+        psutil.Process(frozen).wait(timeout=10)  # gone (its new parent reaps it), not stopped for good
+    except psutil.NoSuchProcess:
+        pass
     m = hang_line(hung)
     assert m[1] == "0"  # rank 1 is stopped: only rank 0 speaks
     assert m[3] in ("forward/backward", "optimizer/collective", "save", "data"), m[0]

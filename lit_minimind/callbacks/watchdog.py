@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import signal
 import statistics
 import sys
 import threading
@@ -30,6 +31,7 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 
 from lit_minimind.callbacks.preemption import STOP
+from lit_minimind.resume.internals import launched_ranks
 
 HANG_EXIT = 6  # exit code of a rank whose watchdog saw no optimizer step within its bound (a hang)
 STEP_WINDOW = 100  # completed optimizer steps the median step time is taken over (a rolling window)
@@ -68,7 +70,7 @@ def stack_phase(frame: FrameType | None) -> str | None:
 
 
 class Watchdog(Callback):
-    """Ends a rank that has completed no optimizer step for too long (exit :data:`HANG_EXIT`).
+    """Ends a rank that has completed no optimizer step for too long (exit 6), and the ranks it launched.
 
     Bounds, in seconds since the last progress (a completed optimizer step; validation's start and each
     of its batches; an epoch's start):
@@ -119,6 +121,7 @@ class Watchdog(Callback):
         self._thread: threading.Thread | None = None
         self._backstop_at: float | None = None
         self._backstop_lock = threading.Lock()  # the thread arms it, the loop's end cancels it: never after
+        self._trainer: Any = None
 
     # ------------------------------------------------------------------ bounds
     def step_bound(self) -> float:
@@ -147,6 +150,7 @@ class Watchdog(Callback):
         if not self.enabled or stage != "fit":
             return
         self.rank, self.world_size = trainer.global_rank, trainer.world_size
+        self._trainer = trainer  # its launcher's children (the other ranks of this node) end with this rank
         self._main = threading.get_ident()
         self._global_step = trainer.global_step
         self._step_started, self._steps, self._step_bound = None, deque(maxlen=STEP_WINDOW), self.floor
@@ -316,7 +320,20 @@ class Watchdog(Callback):
         except (OSError, ValueError):
             pass
         _kill_workers()
+        self._end_launched_ranks()
         os._exit(HANG_EXIT)
+
+    def _end_launched_ranks(self) -> None:
+        """The other ranks this process launched (Lightning's launcher: rank 0 of a node) would outlive it, a frozen
+        one stopped for good with its memory (a GPU's too): SIGKILL, the one signal a frozen process cannot miss."""
+        try:
+            launcher, procs = launched_ranks(self._trainer) if self._trainer is not None else (None, [])
+            if procs:
+                launcher.kill(signal.SIGKILL)
+                print(f"[rank {self.rank}] watchdog: ended the {len(procs)} other rank process(es) this one launched "
+                      f"(pid {', '.join(str(p.pid) for p in procs)}) with SIGKILL", file=sys.stderr, flush=True)
+        except (OSError, ValueError, AttributeError):
+            pass
 
 
 def _kill_workers() -> None:

@@ -12,6 +12,7 @@ not offer as public API, why it is needed, and what it relies on. Checked agains
 7. :data:`NOISE_LINES`, :data:`NOISE_WARNINGS`, :data:`NO_LAST_WARNING`: Lightning's message texts that are filtered.
 8. :class:`MiniMindSummary`: ``ModelSummary.summarize``'s signature.
 9. :func:`csv_logger_args`: a ``CSVLogger``'s constructor arguments, kept in its private attributes.
+10. :func:`launched_ranks`: the other DDP ranks this process launched (Lightning's launcher's ``procs``).
 
 ``tests/test_loop_state.py`` compares (3) with states Lightning saves itself; the rest is exercised by the
 resume, console and signal tests of both Lightning versions.
@@ -246,3 +247,16 @@ def csv_logger_args(logger: Any) -> dict[str, Any]:
     return {"save_dir": logger.save_dir, "name": logger.name, "version": getattr(logger, "_version", None),
             "prefix": getattr(logger, "_prefix", ""),
             "flush_logs_every_n_steps": getattr(logger, "_flush_logs_every_n_steps", 100)}
+
+
+# ----------------------------------------------------------------------------- 10. the ranks this process launched
+
+def launched_ranks(trainer: Any) -> tuple[Any, list[Any]]:
+    """``(launcher, its live child processes)``: the other DDP ranks of this node that Lightning's launcher
+    started as children of this process (``_SubprocessScriptLauncher.procs``, ``subprocess.Popen`` objects; empty
+    under torchrun, SLURM or a spawn launcher, whose ranks are not this process's children). The launcher's public
+    ``kill(signum)`` signals them."""
+    launcher = getattr(trainer.strategy, "launcher", None)
+    procs = [p for p in getattr(launcher, "procs", None) or [] if p.poll() is None]
+    return launcher, procs
+
