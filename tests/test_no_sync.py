@@ -37,7 +37,7 @@ def test_micro_batches_between_log_lines_do_not_sync(tmp_path: Path, moe: bool, 
             assert len(routing) == (2 if moe else 0), (rank, batch, calls)
             # under DDP the ranks agree on stopping (a signal, a failed background write) once per
             # optimizer step, with one small all-reduce: not inside an accumulation window
-            agree = [c for c in calls if c.startswith("tolist resume.py")]
+            agree = [c for c in calls if c.startswith("tolist manager.py")]  # CheckpointManager.agree
             window_end = int(batch.split(":")[1]) % 2 == 0
             assert len(agree) == (1 if devices > 1 and window_end else 0), (rank, batch, calls)
             assert len(calls) == len(routing) + len(agree), (rank, batch, calls)

@@ -223,8 +223,9 @@ class MiniMindDataModule(L.LightningDataModule):
         records = self.train_dataset.dataset if isinstance(self.train_dataset, Subset) else self.train_dataset
         if hasattr(records, "follow_epoch"):  # SFT augmentation is drawn per (seed, epoch, index)
             records.follow_epoch(sampler)
-        if hasattr(records, "layout"):  # RL prompts draw as MiniMind's loader with this many workers
-            records.layout = (self.batch_size, self.num_workers)
+        workers = capped_workers(self.num_workers, rank)
+        if hasattr(records, "layout"):  # RL prompts draw as MiniMind's loader with this many workers: never capped
+            records.layout, workers = (self.batch_size, self.num_workers), self.num_workers
         # Lightning creates the first iterator before it calls set_epoch, and worker processes
         # start drawing indices right then: the sampler must know its epoch already.
         sampler.set_epoch(trainer.current_epoch if trainer is not None else 0)
@@ -238,7 +239,7 @@ class MiniMindDataModule(L.LightningDataModule):
         return ResumableDataLoader(
             self.train_dataset,
             batch_sampler=batch_sampler,
-            num_workers=capped_workers(self.num_workers, rank),
+            num_workers=workers,
             persistent_workers=False,
             pin_memory=trainer is not None and trainer.accelerator.__class__.__name__ == "CUDAAccelerator",
             # its own generator: creating an iterator must not draw from the global RNG, which the

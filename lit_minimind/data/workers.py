@@ -26,7 +26,8 @@ def capped_workers(asked: int, rank: int = 0) -> int:
     """``asked`` DataLoader workers (``--data.num_workers``), at most :func:`usable_cores`: more workers than
     cores only wait for each other, and torch warns for each loader. When capped, global rank 0 (``rank``) says
     so in one line on stderr, once per process. The batches are the same: their order is the sampler's, in this
-    process, and RL prompts' draws follow the ``asked`` workers (MiniMind's loader's, :mod:`lit_minimind.data.rlaif`)."""
+    process. RL prompts are never capped: their draws happen in MiniMind's worker layout (:mod:`lit_minimind.data.rlaif`),
+    and the same draws need the same workers (the datamodule does not call this for them)."""
     cores = usable_cores()
     if asked <= cores:
         return asked
