@@ -329,7 +329,8 @@ def test_last_means_this_runs_data_and_says_whose_the_other_files_are(tmp_path: 
     """Issue 51's walk: a run (TINY_JSONL), another run on other data in the same directory (its newer files take
     MiniMind's names: the export's replacement is said), then the first command with ``--ckpt_path last``: it
     resumes its own newest checkpoint, passing over the other run's, said in one line. A third run's data, with only
-    the others' checkpoints there: one error line naming whose they are and the two ways on (exit 2)."""
+    the others' checkpoints there: a line naming whose the newest is and the two ways on, then the restore's refusal
+    (exit 2)."""
     need_shared()
     other = tmp_path / "my.jsonl"
     other.write_text("".join(TINY_JSONL.read_text().splitlines(keepends=True)[:24]))
@@ -351,8 +352,9 @@ def test_last_means_this_runs_data_and_says_whose_the_other_files_are(tmp_path: 
     third_data.write_text("".join(TINY_JSONL.read_text().splitlines(keepends=True)[:32]))
     third = run_cli(tmp_path, [*ours, "--data.data_path", str(third_data), "--ckpt_path", "last"])
     assert third.returncode == 2 and third.steps == {}, third.stderr[-3000:]
-    line = error_lines(third.stderr)[0]
-    assert line.startswith(f"error: --ckpt_path last: the checkpoints for {STEM} in checkpoints/ are another run's ("), line
-    # the newest there is the first run's (resumed above)
-    assert f"Either resume that run with its flags (--data.data_path {TINY_JSONL.resolve()} --data.batch_size 4" in line
-    assert "or start this one fresh: run without --ckpt_path" in line
+    said = [line for line in third.stderr.splitlines()
+            if line.startswith(f"--ckpt_path last: the newest checkpoint for {STEM} in checkpoints/ is another run's (")]
+    assert len(said) == 1, third.stderr[-3000:]  # whose it is (the first run's, resumed above) and the two ways on
+    assert f"Either resume that run with its flags (--data.data_path {TINY_JSONL.resolve()} --data.batch_size 4" in said[0]
+    assert "or start this one fresh: run without --ckpt_path" in said[0]
+    assert "dataset length: checkpoint 48 samples, this run 32" in third.stderr  # then the restore refuses it

@@ -463,14 +463,13 @@ class CheckpointManager:
         Ranks agree at optimizer steps only (one small all-reduce there; nothing per micro-batch)."""
         failed = bool(getattr(trainer.strategy.checkpoint_io, "failed", False))
         if trainer.world_size == 1:
-            if failed:
-                self._raise_if_failed(trainer, self._take_io_error(trainer), self._in_flight or "could not save a checkpoint")
-            return stepped and requested
-        if not stepped:
+            stop = stepped and requested
+        elif not stepped:
             return False
-        flags = torch.tensor([float(requested), float(failed)], device=trainer.strategy.root_device)
-        stop, failed_anywhere = (trainer.strategy.reduce(flags, reduce_op="max") > 0).tolist()
-        if failed_anywhere:
+        else:
+            flags = torch.tensor([float(requested), float(failed)], device=trainer.strategy.root_device)
+            stop, failed = (trainer.strategy.reduce(flags, reduce_op="max") > 0).tolist()
+        if failed:
             self._raise_if_failed(trainer, self._take_io_error(trainer), self._in_flight or "could not save a checkpoint")
         return bool(stop)
 

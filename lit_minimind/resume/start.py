@@ -80,10 +80,11 @@ def another_run(path: Path, ours: dict[str, Any] | None) -> dict[str, Any] | Non
     """The identity a checkpoint's manifest records (its data, batch size, layers: ``CheckpointManager.identity``)
     when it is not ``ours``: another run's file under the same stem; None when it is ours or cannot tell (a file
     written before identities were recorded, original MiniMind's)."""
-    theirs = read_manifest(path).get("identity") if ours else None
+    manifest = read_manifest(path) if ours else {}
+    theirs = manifest.get("identity")
     if not theirs or all(theirs.get(k) == v for k, v in ours.items() if k in theirs):
         return None
-    return {**theirs, "saved_at": read_manifest(path).get("saved_at"), "file": path.name}
+    return {**theirs, "saved_at": manifest.get("saved_at"), "file": path.name}
 
 
 def describe_run(identity: dict[str, Any]) -> str:
@@ -112,7 +113,8 @@ def resolve_last(ckpt_dir: str | Path, stem: str, verify: bool = True, ours: dic
     ``verify=False``: the newest candidate, unread (what a DDP rank other than 0 looks at).
 
     ``ours``: this run's identity (``CheckpointManager.identity_of``): another run's checkpoints under the same stem
-    (other data, batch size or depth) are passed over, said in one line; with only another run's, it raises,
+    (other data, batch size or depth) are passed over, said in one line; with only another run's, the newest is
+    chosen as before (the DataModule and the module refuse what does not fit, naming each field), after a line
     naming that run and the two ways on.
     """
     ckpt_dir = Path(ckpt_dir)
@@ -139,13 +141,13 @@ def resolve_last(ckpt_dir: str | Path, stem: str, verify: bool = True, ours: dic
             say(f"--ckpt_path last: passing over the newer checkpoints of another run in {ckpt_dir}/ "
                 f"({describe_run(others[0])}): resuming this run's {path.name}")
         return path
-    if others:
+    if others:  # only another run's: its newest, as before, said first (the restore refuses what does not fit)
         assert ours is not None
-        raise CheckpointError(
-            f"--ckpt_path last: the checkpoints for {stem} in {ckpt_dir}/ are another run's ({describe_run(others[0])}), "
-            f"not this run's ({describe_run(ours)}). Either resume that run with its flags ({run_flags(others[0])} "
-            "--ckpt_path last), or start this one fresh: run without --ckpt_path (that run's checkpoints stay; "
-            f"the fp16 export {stem}.pth, MiniMind's name for it, would be replaced)")
+        say(f"--ckpt_path last: the newest checkpoint for {stem} in {ckpt_dir}/ is another run's "
+            f"({describe_run(others[0])}), not this run's ({describe_run(ours)}). Either resume that run with its flags "
+            f"({run_flags(others[0])} --ckpt_path last), or start this one fresh: run without --ckpt_path (that run's "
+            f"checkpoints stay; the fp16 export {stem}.pth, MiniMind's name for it, would be replaced)")
+        return resolve_last(ckpt_dir, stem, verify)
     if problems:
         raise CheckpointError(
             f"--ckpt_path last: no usable checkpoint for {stem} in {ckpt_dir}/ - every candidate is damaged:\n  "
