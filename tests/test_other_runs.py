@@ -347,6 +347,13 @@ def test_last_means_this_runs_data_and_says_whose_the_other_files_are(tmp_path: 
     passed = [line for line in again.stderr.splitlines() if line.startswith("--ckpt_path last: passing over")]
     assert len(passed) == 1 and f"data {other.resolve()}, batch size 4, 2 layers, saved " in passed[0], passed
     assert_resumed(again, 2, 1)  # its own epoch-end checkpoint, not the other run's
+    copy = tmp_path / "elsewhere" / TINY_JSONL.name  # the same data at another path (another machine's): the same run
+    copy.parent.mkdir()
+    shutil.copyfile(TINY_JSONL, copy)
+    moved = run_cli(tmp_path, [*tiny_args(epochs=2, accumulate=1, save_interval=100), "--data.data_path", str(copy),
+                               "--ckpt_path", "last"])
+    assert moved.returncode == 0 and moved.steps == {}, moved.stderr[-3000:]  # finished: nothing left to train
+    assert "another run" not in moved.stderr, moved.stderr[-3000:]
 
     third_data = tmp_path / "third.jsonl"
     third_data.write_text("".join(TINY_JSONL.read_text().splitlines(keepends=True)[:32]))

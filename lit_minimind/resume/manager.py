@@ -286,10 +286,15 @@ class CheckpointManager:
     @staticmethod
     def identity_of(datamodule: Any, pl_module: Any) -> dict[str, Any]:
         """What tells this run's checkpoints from another run's under the same stem (the same ``{weight}_{hidden}``
-        names): its data file (absolute; None: the embedded corpus), batch size, held-out fraction and depth. Also
-        in each checkpoint's manifest, so that ``last`` tells them apart without loading a file."""
+        names): its data file (by name and size, so that a copy elsewhere, another machine's, is the same data;
+        ``data``, its absolute path, is for the messages; None: the embedded corpus), batch size, held-out
+        fraction and depth. Also in each checkpoint's manifest, so that ``last`` tells them apart without loading
+        a file."""
         data = getattr(datamodule, "data_path", None)
-        return {"data": str(Path(data).resolve()) if data else None, "batch_size": getattr(datamodule, "batch_size", None),
+        path = Path(data).resolve() if data else None
+        return {"data": str(path) if path else None, "data_name": path.name if path else None,
+                "data_bytes": path.stat().st_size if path is not None and path.is_file() else None,
+                "batch_size": getattr(datamodule, "batch_size", None),
                 "val_fraction": getattr(datamodule, "val_fraction", None),
                 "layers": unwrap_model(pl_module).config.num_hidden_layers}
 

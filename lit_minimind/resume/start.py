@@ -77,12 +77,12 @@ def choose(flag: str | None, files: CheckpointFiles, stem: str, global_rank: int
 
 
 def another_run(path: Path, ours: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The identity a checkpoint's manifest records (its data, batch size, layers: ``CheckpointManager.identity``)
-    when it is not ``ours``: another run's file under the same stem; None when it is ours or cannot tell (a file
+    """The identity a checkpoint's manifest records (its data by name and size, batch size, layers:
+    ``CheckpointManager.identity_of``) when it is not ``ours``: another run's file under the same stem; None when it is ours or cannot tell (a file
     written before identities were recorded, original MiniMind's)."""
     manifest = read_manifest(path) if ours else {}
     theirs = manifest.get("identity")
-    if not theirs or all(theirs.get(k) == v for k, v in ours.items() if k in theirs):
+    if not theirs or all(theirs.get(k) == v for k, v in ours.items() if k in theirs and k != "data"):  # data: shown
         return None
     return {**theirs, "saved_at": manifest.get("saved_at"), "file": path.name}
 
