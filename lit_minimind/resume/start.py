@@ -23,7 +23,6 @@ from lightning.pytorch.utilities import rank_zero_info
 from lit_minimind.checkpoint.atomic import read_manifest
 from lit_minimind.checkpoint.names import RESUME_STATE_KEY, TRAINING_STATE_KEY, CheckpointName, minimind_file_names
 from lit_minimind.checkpoint.read import read_checkpoint, verify_checkpoint, verify_manifest
-from lit_minimind.checkpoint.weights import checkpoint_kind
 from lit_minimind.errors import CheckpointError, say
 from lit_minimind.resume.internals import adopt_scaler_state, loops_at
 from lit_minimind.resume.manager import CheckpointFiles, save_order_key
@@ -43,19 +42,6 @@ class Start:
 
     path: str
     ckpt: dict[str, Any] | None = None
-
-    @property
-    def kind(self) -> str:
-        """``lightning`` (ours or Lightning's), ``minimind_resume`` (original MiniMind's), ``hf`` (a Hugging Face
-        directory), ... (``unknown`` on a rank that did not read it)."""
-        return checkpoint_kind(self.ckpt) if self.ckpt is not None else "unknown"
-
-    @property
-    def position(self) -> tuple[int, int] | None:
-        """``(epoch, step)`` as saved (0-based epoch, batches of it trained), where rank 0 read it."""
-        if self.ckpt is None or self.ckpt.get("step") is None:
-            return None
-        return int(self.ckpt.get("epoch") or 0), int(self.ckpt["step"])
 
     def restores_rng(self) -> bool:
         """Whether it holds global rank 0's RNG state (ours; not an original MiniMind file)."""
