@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import common as bc
-from lit_minimind.checkpoint.verify import CHUNK_SIZE, verify_file
+from lit_minimind.checkpoint.read import CHUNK_SIZE, verify_file
 
 NAME = "verify"
 BASELINE, OURS = "readinto + zlib.crc32", "verify_file"

@@ -12,10 +12,15 @@ once, and ``python -m lit_minimind.inspect`` / ``export`` / ``generate`` never p
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 from typing import TYPE_CHECKING, Any
 
 from lit_minimind.errors import CheckpointError
-from lit_minimind.version import __version__
+
+try:  # the one version number is pyproject.toml's, as pip installed it
+    __version__ = importlib.metadata.version("lit-minimind")
+except importlib.metadata.PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "unknown"
 
 if TYPE_CHECKING:
     from lit_minimind.checkpoint.names import checkpoint_paths

@@ -10,7 +10,7 @@ from tests.helpers.runs import ROOT
 
 # lowest first; a module may import its own layer and the layers before it
 LAYERS = [
-    ("lit_minimind.errors", "lit_minimind.version"),
+    ("lit_minimind.errors",),
     ("lit_minimind.checkpoint",),  # the file format: bytes and schemas, no trainer
     ("lit_minimind.resume",),  # the seam with Lightning
     ("lit_minimind.data",),

@@ -1,4 +1,4 @@
-"""``lit_minimind.checkpoint.verify.verify_file``: any changed byte of a ``torch.save`` file is caught, no manifest needed.
+"""``lit_minimind.checkpoint.read.verify_file``: any changed byte of a ``torch.save`` file is caught, no manifest needed.
 
 The exhaustive tests change every byte of small files (a state dict; a Lightning-like checkpoint
 with optimizer state, a GradScaler, python values and an empty tensor) and cut them at every
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lit_minimind.checkpoint.verify import verify_file
+from lit_minimind.checkpoint.read import verify_file
 from lit_minimind.errors import CheckpointError, NotACheckpoint, NotATorchZip, UnverifiableCheckpoint
 from tests.helpers.runs import MINIMIND, need_shared
 

@@ -24,8 +24,7 @@ from lit_minimind.checkpoint.names import (
     TRAINING_STATE_KEY,
     manifest_path,
 )
-from lit_minimind.checkpoint.read import harmful_imports, read_checkpoint, verify_manifest
-from lit_minimind.checkpoint.verify import verify_file
+from lit_minimind.checkpoint.read import harmful_imports, read_checkpoint, verify_file, verify_manifest
 from lit_minimind.checkpoint.weights import checkpoint_kind, model_weights, not_a_model, shape_config
 from lit_minimind.cli.plain import description
 from lit_minimind.errors import CheckpointError, NotATorchZip, UnverifiableCheckpoint

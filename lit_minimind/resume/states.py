@@ -29,6 +29,7 @@ wandb run a resumed run continues. **The library versions** a checkpoint was wri
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -38,7 +39,6 @@ import torch.distributed as dist
 
 from lit_minimind.checkpoint.names import TRAINING_STATE_FORMAT
 from lit_minimind.errors import PositionError
-from lit_minimind.version import __version__
 
 # ----------------------------------------------------------------------------- the data position
 
@@ -161,11 +161,13 @@ def rank_rng_state(state: Mapping[str, Any], rank: int) -> Any:
 
 
 def library_versions() -> dict[str, str]:
+    """The versions a checkpoint is written with (lit-minimind's as pip installed it: ``lit_minimind.__version__``)."""
     import platform
 
     import lightning
 
-    return {"lit_minimind": str(__version__), "torch": str(torch.__version__), "lightning": str(lightning.__version__),
+    package = sys.modules["lit_minimind"]  # the package root: imported before any of its modules
+    return {"lit_minimind": package.__version__, "torch": str(torch.__version__), "lightning": str(lightning.__version__),
             "python": platform.python_version()}
 
 
