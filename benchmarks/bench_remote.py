@@ -1,7 +1,7 @@
 """Checkpoints on object storage: upload throughput and the training loop's stall with a remote directory.
 
 moto's S3 server on localhost (its own process, nice 15) stands in for a bucket, through ``s3fs``. Upload of a 256 MB
-checkpoint: a bare ``s3fs.put_file`` vs ``RemoteDir.upload`` (size + CRC-32 read back from the remote, a manifest
+checkpoint: a bare ``s3fs.put_file`` vs ``RemoteDir.commit`` (size + CRC-32 read back from the remote, a manifest
 object), alternating after a warm-up. Loop stall: the CLI (256x4, a save every 2 of 24 batches) with
 :class:`benchmarks.probes.Probe` (``ResumeCallback.manager.save_seconds`` of each save but the first), local directories vs
 ``s3://`` ones (the same local save, then a background upload); target remote ÷ local <= 1.2.
@@ -72,8 +72,7 @@ def upload_throughput(server: Server, megabytes: int, reps: int, workdir: Path) 
         if variant == "bare":
             remote.fs.put_file(str(path), remote.path(name))
         else:
-            with open(path, "rb") as f:
-                remote.upload(f, name, {**manifest, "file": name})
+            remote.commit(name, path, {**manifest, "file": name})
         seconds = time.perf_counter() - start
         remote.remove(name)
         return seconds

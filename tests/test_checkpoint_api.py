@@ -105,22 +105,18 @@ def test_save_and_load_resume_checkpoint_round_trip(tmp_path: Path, caplog: pyte
 def test_interrupted_save_keeps_previous_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The disk fills up while the resume file is being written (the weights file is written already):
     the previous resume file is intact, no tmp file is left."""
-    from lit_minimind.checkpoint.atomic import use_storage
+    from lit_minimind.checkpoint import atomic
     from tests.helpers import faults
-    from tests.helpers.faulty_storage import FaultyStorage
+    from tests.helpers.faulty_storage import FaultyFileOps
 
     model, opt = _tiny()
     save_resume_checkpoint(model, opt, save_dir=tmp_path, weight="w", hidden_size=32, use_moe=False, epoch=0, step=1)
     before = (tmp_path / "w_32_resume.pth").read_bytes()
     monkeypatch.setattr(faults, "_counts", {})
     monkeypatch.setenv("LIT_MINIMIND_TEST_FAIL", "write:resume:1:ENOSPC")  # its first data write fails
-    previous = use_storage(FaultyStorage())
-    try:
-        with pytest.raises(OSError, match="No space left"):
-            save_resume_checkpoint(model, opt, save_dir=tmp_path, weight="w", hidden_size=32, use_moe=False, epoch=0,
-                                   step=2)
-    finally:
-        use_storage(previous)  # this pytest process's other tests write through the real storage
+    monkeypatch.setattr(atomic, "FileOps", FaultyFileOps)  # the default file operations, for this test only
+    with pytest.raises(OSError, match="No space left"):
+        save_resume_checkpoint(model, opt, save_dir=tmp_path, weight="w", hidden_size=32, use_moe=False, epoch=0, step=2)
     written = torch.load(tmp_path / "w_32.pth", weights_only=True)  # the step-2 weights went in before it
     assert written.keys() == {k for k in model.state_dict()}
     assert (tmp_path / "w_32_resume.pth").read_bytes() == before

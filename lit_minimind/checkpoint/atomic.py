@@ -1,9 +1,15 @@
-"""The one atomic writer: every file this project writes goes through :func:`atomic_save`,
-:func:`atomic_link`, :func:`atomic_receive` or :func:`atomic_write_bytes`.
+"""The one atomic writer, and the one storage interface a run's checkpoint files are kept through.
 
-Order: data to a tmp file in the same directory (fsync), manifest ``<file>.manifest.json`` with size
-and CRC-32 (fsync, atomic), ``os.replace`` of the data, fsync of the directory. A reader can then tell
-a complete file from a torn or corrupted one (:mod:`lit_minimind.checkpoint.read`).
+Every file this project writes goes through :func:`atomic_save`, :func:`atomic_link`, :func:`atomic_receive`,
+:func:`atomic_open` or :func:`atomic_directory`. Order: data to a tmp file in the same directory (fsync), manifest
+``<file>.manifest.json`` with size and CRC-32 (fsync, atomic), ``os.replace`` of the data, fsync of the directory.
+A reader can then tell a complete file from a torn or corrupted one (:mod:`lit_minimind.checkpoint.read`). The
+file operations an atomic write is made of are :class:`FileOps`, passed to each writer (``ops``).
+
+:class:`Storage` is where a run's checkpoint files are kept: ``list`` / ``commit`` / ``read`` / ``remove`` of
+committed files by name. :class:`LocalDir` is a local directory (its :class:`FileOps` passed in);
+:class:`lit_minimind.checkpoint.remote.RemoteDir` an object store. Retention (:func:`retain`, :func:`retain_runs`)
+is written once, over that interface.
 """
 
 from __future__ import annotations
@@ -19,11 +25,11 @@ import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, BinaryIO
+from typing import IO, Any, BinaryIO, Protocol
 
 import torch
 
-from lit_minimind.checkpoint.names import manifest_path
+from lit_minimind.checkpoint.names import CheckpointName, expired, manifest_path
 from lit_minimind.errors import CheckpointError
 
 
@@ -95,10 +101,10 @@ class _HashingWriter:
         return Fingerprint(self.size, f"{self.crc32:08x}")
 
 
-class LocalStorage:
+class FileOps:
     """The file operations every atomic write is made of, the one place they are called; each is told the
-    file it commits (``target``: the data file, or its manifest). A test implementation injects faults and
-    pauses through :func:`use_storage` (``tests/helpers/faults.py``)."""
+    file it commits (``target``: the data file, or its manifest). Passed to the writers (``ops``); the tests'
+    implementation injects faults and pauses (``tests/helpers/faulty_storage.py``)."""
 
     def open(self, tmp: Path, mode: str, target: Path) -> IO[Any]:
         return open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8", "newline": "\n"}))
@@ -129,14 +135,9 @@ class LocalStorage:
             os.close(fd)
 
 
-_storage = LocalStorage()
-
-
-def use_storage(storage: LocalStorage) -> LocalStorage:
-    """Route every atomic write of this process through ``storage``; returns the one it replaces."""
-    global _storage
-    previous, _storage = _storage, storage
-    return previous
+def file_ops(ops: FileOps | None) -> FileOps:
+    """``ops``, or the plain file operations."""
+    return ops if ops is not None else FileOps()
 
 
 def tmp_for(path: Path, shared: bool = False) -> Path:
@@ -146,7 +147,7 @@ def tmp_for(path: Path, shared: bool = False) -> Path:
 
 
 @contextlib.contextmanager
-def _staged(path: Path, shared: bool = False) -> Iterator[Path]:
+def _staged(ops: FileOps, path: Path, shared: bool = False) -> Iterator[Path]:
     """The one commit skeleton: yields the tmp path to fill (and sync); then the rename onto ``path`` and the
     directory's fsync. Any error, or a kill, leaves ``path`` as it was and removes the tmp file."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -154,19 +155,19 @@ def _staged(path: Path, shared: bool = False) -> Iterator[Path]:
     tmp.unlink(missing_ok=True)
     try:
         yield tmp
-        _storage.replace(tmp, path)
+        ops.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _storage.sync_dir(path)
+    ops.sync_dir(path)
 
 
 @contextlib.contextmanager
-def _write(tmp: Path, mode: str, target: Path) -> Iterator[IO[Any]]:
+def _write(ops: FileOps, tmp: Path, mode: str, target: Path) -> Iterator[IO[Any]]:
     """``tmp`` open for writing ``target``'s bytes, synced to disk when the block ends."""
-    with _storage.open(tmp, mode, target) as f:
+    with ops.open(tmp, mode, target) as f:
         yield f
-        _storage.sync(f, target)
+        ops.sync(f, target)
 
 
 def link_or_copy(source: Path, target: Path) -> None:
@@ -182,7 +183,8 @@ def link_or_copy(source: Path, target: Path) -> None:
             os.fsync(f.fileno())
 
 
-def atomic_save(obj: Any, path: str | os.PathLike, meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def atomic_save(obj: Any, path: str | os.PathLike, meta: Mapping[str, Any] | None = None,
+                ops: FileOps | None = None) -> dict[str, Any]:
     """The one writer: ``torch.save`` to ``path`` atomically, with a manifest (size, CRC-32) beside it.
 
     Order: data to a tmp file (fsync), manifest (fsync, atomic), ``os.replace`` of the data, fsync
@@ -190,9 +192,9 @@ def atomic_save(obj: Any, path: str | os.PathLike, meta: Mapping[str, Any] | Non
     on disk - old or new - matches its manifest. Any failure (ENOSPC, EFBIG, EACCES, a kill)
     leaves the previous file intact, at most with a ``.tmp`` beside it. Returns the manifest.
     """
-    path = Path(path)
-    with _staged(path) as tmp:
-        with _write(tmp, "wb", path) as f:
+    path, ops = Path(path), file_ops(ops)
+    with _staged(ops, path) as tmp:
+        with _write(ops, tmp, "wb", path) as f:
             writer = _HashingWriter(f)
             try:
                 torch.save(obj, writer)
@@ -200,29 +202,30 @@ def atomic_save(obj: Any, path: str | os.PathLike, meta: Mapping[str, Any] | Non
                 if writer.error is not None:
                     raise writer.error from None  # the real cause: ENOSPC, EFBIG, EIO, ...
                 raise
-        return _write_manifest(path, {**writer.fingerprint.fields(), **(meta or {})})
+        return _write_manifest(ops, path, {**writer.fingerprint.fields(), **(meta or {})})
 
 
-def atomic_link(source: str | os.PathLike, path: str | os.PathLike) -> dict[str, Any]:
+def atomic_link(source: str | os.PathLike, path: str | os.PathLike, ops: FileOps | None = None) -> dict[str, Any]:
     """Make ``path`` the same file as ``source`` (:func:`link_or_copy`), atomically, with ``source``'s manifest."""
-    source, path = Path(source), Path(path)
-    with _staged(path) as tmp:
-        _storage.link(source, tmp, path)
-        return _write_manifest(path, _carried(read_manifest(source)))
+    source, path, ops = Path(source), Path(path), file_ops(ops)
+    with _staged(ops, path) as tmp:
+        ops.link(source, tmp, path)
+        return _write_manifest(ops, path, _carried(read_manifest(source)))
 
 
-def atomic_receive(chunks: Iterable[bytes], path: str | os.PathLike, manifest: Mapping[str, Any]) -> dict[str, Any]:
+def atomic_receive(chunks: Iterable[bytes], path: str | os.PathLike, manifest: Mapping[str, Any],
+                   ops: FileOps | None = None) -> dict[str, Any]:
     """Write a file received in ``chunks`` (a download) atomically, with ``manifest`` beside it, checking
     size and CRC-32 while the bytes arrive: a mismatch raises :class:`CheckpointError` and leaves nothing."""
-    path = Path(path)
-    with _staged(path) as tmp:
-        with _write(tmp, "wb", path) as f:
+    path, ops = Path(path), file_ops(ops)
+    with _staged(ops, path) as tmp:
+        with _write(ops, tmp, "wb", path) as f:
             received = Fingerprint.of(_written(f, chunks))
         expected = Fingerprint.recorded(manifest)
         if received != expected:
             raise CheckpointError(f"{path.name}: received {received.describe()}, its manifest says "
                                   f"{expected.describe() if expected else 'nothing'} (damaged or replaced)")
-        return _write_manifest(path, _carried(manifest))
+        return _write_manifest(ops, path, _carried(manifest))
 
 
 def _written(f: BinaryIO, chunks: Iterable[bytes]) -> Iterator[bytes]:
@@ -236,7 +239,7 @@ def _carried(manifest: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in manifest.items() if k not in ("file", "replaces")}
 
 
-def _write_manifest(path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+def _write_manifest(ops: FileOps, path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     """``path``'s manifest, committed before its data is renamed into place: it lists the file it replaces,
     so the file on disk, old or new, matches its manifest at every moment."""
     previous = Fingerprint.recorded(read_manifest(path)) if path.exists() else None
@@ -244,7 +247,7 @@ def _write_manifest(path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     if previous is not None:
         manifest["replaces"] = previous.fields()
     target = manifest_path(path)
-    with _staged(target) as tmp, _write(tmp, "w", target) as f:
+    with _staged(ops, target) as tmp, _write(ops, tmp, "w", target) as f:
         json.dump(manifest, f, indent=1)
     return manifest
 
@@ -278,11 +281,12 @@ def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[IO[Any]]:
+def atomic_open(path: str | os.PathLike, mode: str = "w", ops: FileOps | None = None) -> Iterator[IO[Any]]:
     """Write a file (``mode`` "w" or "wb") atomically, without a manifest: a tmp file beside it, fsync,
     rename, directory fsync. Caches, logs, generated data and benchmark results; on any error the
     previous file stays and no tmp file is left."""
-    with _staged(Path(path), shared=True) as tmp, _write(tmp, mode, Path(path)) as f:
+    ops = file_ops(ops)
+    with _staged(ops, Path(path), shared=True) as tmp, _write(ops, tmp, mode, Path(path)) as f:
         yield f
 
 
@@ -306,7 +310,7 @@ def default_mode(directory: bool = False) -> int:
 
 
 @contextlib.contextmanager
-def atomic_directory(path: str | os.PathLike, replace: bool = False) -> Iterator[Path]:
+def atomic_directory(path: str | os.PathLike, replace: bool = False, ops: FileOps | None = None) -> Iterator[Path]:
     """Write a directory atomically: yields an empty tmp directory beside ``path``
     (``{name}.*.tmp``); when the block ends without an error, every file in it is fsynced and it is
     renamed to ``path`` (parent directory fsynced). An error removes it; a kill leaves no ``path``
@@ -317,7 +321,7 @@ def atomic_directory(path: str | os.PathLike, replace: bool = False) -> Iterator
     moment but the one between the two renames. Every file and directory in it gets the umask's
     default mode (:func:`default_mode`), whatever mode the library that wrote it chose (safetensors: 0o600).
     """
-    path = Path(path)
+    path, ops = Path(path), file_ops(ops)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f"{path.name}.", suffix=".tmp"))
     try:
@@ -338,14 +342,113 @@ def atomic_directory(path: str | os.PathLike, replace: bool = False) -> Iterator
         elif path.is_dir():
             path.rmdir()
         try:
-            _storage.replace(tmp, path)
+            ops.replace(tmp, path)
         except BaseException:
             if old is not None:
                 os.replace(old, path)
             raise
-        _storage.sync_dir(path)
+        ops.sync_dir(path)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+# ----------------------------------------------------------------------------- where a run's files are kept
+
+def save_order_key(path: Path) -> tuple[int, bool]:
+    """When a local file was saved (its manifest's time, else its mtime); on a tie a Lightning ``.ckpt`` first."""
+    saved_at = read_manifest(path).get("saved_at")
+    if saved_at is None:
+        saved_at = path.stat().st_mtime_ns if path.exists() else 0
+    return int(saved_at), path.suffix == ".ckpt"
+
+
+class Storage(Protocol):
+    """Where a run's checkpoint files are kept, by name: a local directory (:class:`LocalDir`) or an object store
+    (:class:`lit_minimind.checkpoint.remote.RemoteDir`). A file is committed whole or not at all."""
+
+    def where(self, name: str) -> str:
+        """``name`` as a user reads it (a path, a URL)."""
+
+    def list(self, pattern: str) -> list[tuple[str, dict[str, Any]]]:
+        """``(name, manifest)`` of the files matching the glob ``pattern``, newest save first."""
+
+    def commit(self, name: str, source: Path, manifest: Mapping[str, Any]) -> None:
+        """``name`` made to hold the complete local file ``source`` (whose manifest is ``manifest``)."""
+
+    def read(self, name: str) -> Iterator[bytes]:
+        """The bytes of ``name``, in chunks."""
+
+    def remove(self, name: str) -> None:
+        """``name`` removed: its manifest first (no longer a candidate), then its data."""
+
+
+class LocalDir:
+    """A local directory as a :class:`Storage`; its writes go through ``ops``."""
+
+    def __init__(self, root: str | os.PathLike, ops: FileOps | None = None) -> None:
+        self.root, self.ops = Path(root), file_ops(ops)
+
+    def path(self, name: str) -> Path:
+        return self.root / name
+
+    def where(self, name: str) -> str:
+        return str(self.path(name))
+
+    def list(self, pattern: str) -> list[tuple[str, dict[str, Any]]]:
+        """Every file matching ``pattern`` (with its manifest, ``{}`` without one: MiniMind's own files), newest first."""
+        paths = sorted((p for p in self.root.glob(pattern) if p.is_file()), key=save_order_key, reverse=True)
+        return [(p.name, read_manifest(p)) for p in paths]
+
+    def save(self, obj: Any, name: str, meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """``torch.save`` of ``obj`` as ``name`` (:func:`atomic_save`)."""
+        return atomic_save(obj, self.path(name), meta, self.ops)
+
+    def commit(self, name: str, source: Path, manifest: Mapping[str, Any] | None = None) -> None:
+        """``name`` the same file as ``source``, with its manifest (:func:`atomic_link`: no bytes copied)."""
+        atomic_link(source, self.path(name), self.ops)
+
+    def read(self, name: str) -> Iterator[bytes]:
+        with open(self.path(name), "rb") as f:
+            yield from iter(lambda: f.read(CHUNK), b"")
+
+    def remove(self, name: str) -> None:
+        remove_file(self.path(name))
+
+
+def _run_of(name: str, manifest: Mapping[str, Any]) -> str | None:
+    """The run id of one of our checkpoints: its manifest's, else the one in its name."""
+    parsed = CheckpointName.parse(name)
+    return str(manifest.get("run_id") or "") or (parsed.run_id if parsed else None)
+
+
+def _runs(storage: Storage, pattern: str) -> list[tuple[str, str | None, int]]:
+    """``(name, run id, -age rank)`` of our checkpoints matching ``pattern``, newest first."""
+    return [(name, _run_of(name, manifest), -rank) for rank, (name, manifest) in enumerate(storage.list(pattern))
+            if CheckpointName.parse(name) is not None]
+
+
+def retain(storage: Storage, pattern: str, run_id: str, keep_last: int) -> list[str]:
+    """Retention, local and remote alike: run ``run_id``'s checkpoints beyond its newest ``keep_last`` removed
+    (:func:`lit_minimind.checkpoint.names.expired`: another run's are never touched). Returns what was removed."""
+    removed = expired(_runs(storage, pattern), run_id, keep_last)
+    for name in removed:
+        storage.remove(name)
+    return removed
+
+
+def retain_runs(storage: Storage, pattern: str, run_id: str, keep_runs: int) -> dict[str, list[str]]:
+    """Every checkpoint of the runs older than the newest ``keep_runs`` removed (a run's age: its newest save;
+    ``run_id``'s never). Returns the removed names by run."""
+    runs: dict[str, list[str]] = {}
+    for name, run, _ in _runs(storage, pattern):  # newest first: a run's first appearance is its newest save
+        if run is not None:
+            runs.setdefault(run, []).append(name)
+    kept = [run_id, *[r for r in runs if r != run_id]][:keep_runs]
+    removed = {run: names for run, names in runs.items() if run not in kept}
+    for names in removed.values():
+        for name in names:
+            storage.remove(name)
+    return removed

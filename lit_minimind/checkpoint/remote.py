@@ -7,7 +7,8 @@ fields: size, CRC-32, epoch, step, run id, save time). A reader trusts manifests
 CRC-32 while downloading (:func:`lit_minimind.checkpoint.atomic.atomic_receive`); retention deletes a
 manifest before its data, so a half-deleted checkpoint is never a candidate. Credentials come from
 the backend's own environment and configuration (``AWS_*``, ``AWS_ENDPOINT_URL``); nothing here
-stores, prints or logs them.
+stores, prints or logs them. :class:`RemoteDir` is a :class:`lit_minimind.checkpoint.atomic.Storage`, as a local
+directory is: its retention is :func:`lit_minimind.checkpoint.atomic.retain`.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from lit_minimind.checkpoint.atomic import Fingerprint, atomic_receive
-from lit_minimind.checkpoint.names import MANIFEST_SUFFIX, expired
+from lit_minimind.checkpoint.names import MANIFEST_SUFFIX
 from lit_minimind.errors import CheckpointError, UsageError
 
 # what to install for a scheme whose fsspec backend is missing
@@ -30,7 +31,8 @@ CHUNK = 8 << 20  # bytes per read/write of a transfer
 
 
 class RemoteDir:
-    """One checkpoint directory on object storage (any fsspec backend)."""
+    """One checkpoint directory on object storage (any fsspec backend): a
+    :class:`lit_minimind.checkpoint.atomic.Storage` (``list`` / ``commit`` / ``read`` / ``remove``)."""
 
     def __init__(self, url: str, flag: str = "directory") -> None:
         import fsspec
@@ -69,7 +71,7 @@ class RemoteDir:
         except ValueError:
             return None
 
-    def committed(self, pattern: str) -> list[tuple[str, dict[str, Any]]]:
+    def list(self, pattern: str) -> list[tuple[str, dict[str, Any]]]:
         """``(name, manifest)`` of every committed file matching ``pattern``, newest save first."""
         self.fs.invalidate_cache()
         found = []
@@ -80,7 +82,7 @@ class RemoteDir:
                 found.append((name, manifest))
         return sorted(found, key=lambda item: int(item[1].get("saved_at") or 0), reverse=True)
 
-    def _chunks(self, name: str) -> Iterator[bytes]:
+    def read(self, name: str) -> Iterator[bytes]:
         with self.fs.open(self.path(name), "rb", block_size=CHUNK) as f:
             while chunk := f.read(CHUNK):
                 yield chunk
@@ -88,7 +90,7 @@ class RemoteDir:
     def download(self, name: str, manifest: dict[str, Any], local: str | Path) -> dict[str, Any]:
         """``name`` to the local file ``local`` (atomic, with ``manifest``), its CRC-32 checked while streaming."""
         try:
-            return atomic_receive(self._chunks(name), local, manifest)
+            return atomic_receive(self.read(name), local, manifest)
         except CheckpointError as err:
             raise CheckpointError(f"{self.where(name)}: {str(err).split(': ', 1)[-1]}") from None
         except FileNotFoundError:
@@ -99,7 +101,7 @@ class RemoteDir:
         size = self.fs.info(self.path(name))["size"]
         if size != manifest["size"]:
             raise OSError(f"{self.where(name)}: {size} bytes on the remote, {manifest['size']} uploaded (torn upload)")
-        if Fingerprint.of(self._chunks(name)) != Fingerprint.recorded(manifest):
+        if Fingerprint.of(self.read(name)) != Fingerprint.recorded(manifest):
             raise OSError(f"{self.where(name)}: the remote bytes' CRC-32 differs from the uploaded file's")
 
     def _commit(self, name: str, manifest: dict[str, Any]) -> None:
@@ -111,15 +113,14 @@ class RemoteDir:
         there = self.manifest(name) or {}
         return all(there.get(k) == manifest.get(k) for k in ("size", "crc32", "saved_at"))
 
-    def upload(self, source: BinaryIO, name: str, manifest: dict[str, Any]) -> None:
-        """Upload ``source`` (a file open for reading) as ``name``: data, verify, manifest (the commit)."""
+    def commit(self, name: str, source: Path, manifest: dict[str, Any]) -> None:
+        """Upload the local file ``source`` as ``name``: data, verify, manifest (the commit)."""
         if self.holds(name, manifest):
             return
-        source.seek(0)
         if self._has_directories:
             self.fs.makedirs(self.root, exist_ok=True)
-        with self.fs.open(self.path(name), "wb", block_size=max(CHUNK, 5 << 20)) as out:
-            shutil.copyfileobj(source, out, CHUNK)
+        with open(source, "rb") as f, self.fs.open(self.path(name), "wb", block_size=max(CHUNK, 5 << 20)) as out:
+            shutil.copyfileobj(f, out, CHUNK)
         self._verify(name, manifest)
         self._commit(name, manifest)
 
@@ -139,9 +140,3 @@ class RemoteDir:
                 self.fs.rm_file(path)
             except FileNotFoundError:
                 pass
-
-    def prune(self, pattern: str, run_id: str, keep_last: int) -> None:
-        """Retention (:func:`lit_minimind.checkpoint.names.expired`) over the committed files matching ``pattern``."""
-        saves = ((name, m.get("run_id"), int(m.get("saved_at") or 0)) for name, m in self.committed(pattern))
-        for name in expired(saves, run_id, keep_last):
-            self.remove(name)

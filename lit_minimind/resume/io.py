@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 
-from lit_minimind.checkpoint.atomic import atomic_save, remove_file
+from lit_minimind.checkpoint.atomic import FileOps, atomic_save, file_ops, remove_file
 from lit_minimind.checkpoint.names import MANIFEST_FIELDS, RESUME_STATE_KEY
 from lit_minimind.checkpoint.weights import checkpoint_kind, to_lightning
 from lit_minimind.errors import CheckpointError
@@ -78,12 +78,13 @@ class SafeCheckpointIO(TorchCheckpointIO):
     With ``async_writes`` a save blocks only for a :class:`Snapshot`; serialization, checksum, fsync and
     rename run on one background thread, in submission order, followed by whatever :meth:`submit`
     queues (MiniMind's files). A failed write is kept for :meth:`take_error` and skips the jobs
-    queued after it; :meth:`wait` returns once everything submitted is on disk.
+    queued after it; :meth:`wait` returns once everything submitted is on disk. ``ops``: the file operations its
+    writes go through (:class:`lit_minimind.checkpoint.atomic.FileOps`).
     """
 
-    def __init__(self, async_writes: bool = False) -> None:
+    def __init__(self, async_writes: bool = False, ops: FileOps | None = None) -> None:
         super().__init__()
-        self.async_writes = async_writes
+        self.async_writes, self.ops = async_writes, file_ops(ops)
         self._error: OSError | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._futures: list[Future] = []
@@ -101,7 +102,7 @@ class SafeCheckpointIO(TorchCheckpointIO):
         if self.async_writes:
             self.wait()  # the previous snapshot's buffers are reused: it must be on disk
             checkpoint = self._snapshot(checkpoint)
-        self.submit(lambda: atomic_save(checkpoint, path, {"kind": "lightning", **meta}))
+        self.submit(lambda: atomic_save(checkpoint, path, {"kind": "lightning", **meta}, self.ops))
 
     def submit(self, job: Callable[[], Any]) -> None:
         """Run ``job`` after the writes already submitted (at once when writes are synchronous); an

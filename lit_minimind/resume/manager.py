@@ -24,7 +24,7 @@ A run's files, in this order, by global rank 0: ``{ckpt_dir}/{stem}_e{epoch}_s{s
 ``{out_dir}/{stem}.pth`` (fp16 weights); ``stem`` is ``{weight}_{hidden}{_moe}``. Several runs may share one
 checkpoint directory: each save carries its run's id (in its name and manifest, kept across resumes);
 ``keep_last`` is per run and never prunes another run's files; ``keep_runs N`` bounds the runs (at a run's
-first save the checkpoints of all but the newest ``N`` runs are deleted: :func:`prune_runs`).
+first save the checkpoints of all but the newest ``N`` runs are deleted: :func:`lit_minimind.checkpoint.atomic.retain_runs`).
 """
 
 from __future__ import annotations
@@ -44,14 +44,13 @@ from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 
-from lit_minimind.checkpoint.atomic import atomic_link, atomic_save, read_manifest, remove_file
+from lit_minimind.checkpoint.atomic import FileOps, LocalDir, read_manifest, retain, retain_runs
 from lit_minimind.checkpoint.names import (
     CALLBACK_FORMAT_VERSION,
     RESUME_STATE_KEY,
     TRAINING_STATE_KEY,
     CheckpointName,
     checkpoint_stem,
-    expired,
     is_url,
     minimind_file_names,
 )
@@ -130,20 +129,31 @@ class CheckpointFiles:
     * ``{ckpt_dir}/{stem}_e{epoch}_s{step}_g{global_step}_{run_id}.ckpt``: one per save (the
       Lightning checkpoint, also MiniMind's resume dict); the newest ``keep_last`` of this run stay;
       ``run_id`` keeps runs apart, so a fresh run never replaces or prunes another run's files, unless
-      ``keep_runs`` is set: then only the newest ``keep_runs`` runs' files stay (:func:`prune_runs`).
+      ``keep_runs`` is set: then only the newest ``keep_runs`` runs' files stay.
     * ``{ckpt_dir}/{stem}_resume.pth``: a hard link to the newest of them (MiniMind's name).
     * ``{out_dir}/{stem}.pth``: MiniMind's fp16 weight export, written after the checkpoint.
+
+    Both directories are :class:`lit_minimind.checkpoint.atomic.LocalDir` storages, written through ``ops``.
     """
 
     def __init__(self, ckpt_dir: str | Path, out_dir: str | Path, weight: str, keep_last: int,
-                 keep_runs: int | None = None) -> None:
+                 keep_runs: int | None = None, ops: FileOps | None = None) -> None:
         if keep_last < 1:
             raise ValueError(f"keep_last must be >= 1, got {keep_last}")
         if keep_runs is not None and keep_runs < 1:
             raise ValueError(f"keep_runs must be >= 1 (or unset: every run's files stay), got {keep_runs}")
-        self.ckpt_dir, self.out_dir, self.weight, self.keep_last = Path(ckpt_dir), Path(out_dir), weight, keep_last
+        self.ckpt, self.out = LocalDir(ckpt_dir, ops), LocalDir(out_dir, ops)
+        self.weight, self.keep_last = weight, keep_last
         self.keep_runs, self._runs_pruned = keep_runs, False
         self._replaced: set[str] = set()  # other runs whose export this run replaced (said once each)
+
+    @property
+    def ckpt_dir(self) -> Path:
+        return self.ckpt.root
+
+    @property
+    def out_dir(self) -> Path:
+        return self.out.root
 
     def checkpoint(self, name: CheckpointName) -> Path:
         return self.ckpt_dir / str(name)
@@ -166,58 +176,21 @@ class CheckpointFiles:
             self._replaced.add(other)
             say(f"{self.export(stem)}: replacing the fp16 export of another run ({other}; MiniMind names the export by "
                 f"{stem} only); that run's checkpoints stay in {self.ckpt_dir}/")
-        atomic_link(checkpoint, self.resume(stem))
-        atomic_save(weights, self.export(stem), {"kind": "weights", **meta})
+        self.ckpt.commit(self.resume(stem).name, checkpoint)
+        self.out.save(weights, self.export(stem).name, {"kind": "weights", **meta})
         return [self.export(stem), self.resume(stem)]
 
     def prune(self, stem: str, run_id: str) -> None:
         """Keep the newest ``keep_last`` checkpoints of this run (never another run's files); with
         ``keep_runs``, at this process's first save, only the newest ``keep_runs`` runs' checkpoints."""
-        saves = ((p, run_of(p), save_order_key(p)) for p in CheckpointName.find(self.ckpt_dir, stem))
-        for old in expired(saves, run_id, self.keep_last):
-            remove_file(old)
+        retain(self.ckpt, CheckpointName.pattern(stem), run_id, self.keep_last)
         if self.keep_runs is not None and not self._runs_pruned:
             self._runs_pruned = True
-            prune_runs(self.ckpt_dir, stem, run_id, self.keep_runs)
-
-
-def save_order_key(path: Path) -> tuple[int, bool]:
-    """When a checkpoint was saved (manifest time, else file mtime); on a tie the Lightning one first."""
-    saved_at = read_manifest(path).get("saved_at")
-    if saved_at is None:
-        saved_at = path.stat().st_mtime_ns if path.exists() else 0
-    return int(saved_at), path.suffix == ".ckpt"
-
-
-# ----------------------------------------------------------------------------- several runs in one directory
-
-def run_of(path: Path) -> str | None:
-    """The run id of one of our checkpoints: its manifest's, else the one in its name."""
-    run_id = read_manifest(path).get("run_id")
-    if run_id:
-        return str(run_id)
-    name = CheckpointName.parse(path.name)
-    return name.run_id if name else None
-
-
-def prune_runs(ckpt_dir: Path, stem: str, run_id: str, keep_runs: int) -> list[Path]:
-    """Delete every ``{stem}`` checkpoint (and its manifest) of the runs older than the newest
-    ``keep_runs`` (a run's age: its newest save); ``run_id``'s are never deleted. Returns what was removed."""
-    runs: dict[str, list[Path]] = {}
-    for path in CheckpointName.find(ckpt_dir, stem):
-        other = run_of(path)
-        if other is not None:
-            runs.setdefault(other, []).append(path)
-    newest_first = sorted(runs, key=lambda r: max(save_order_key(p) for p in runs[r]), reverse=True)
-    kept = [run_id, *[r for r in newest_first if r != run_id]][:keep_runs]
-    removed = [p for r in newest_first if r not in kept for p in runs[r]]
-    for path in removed:
-        remove_file(path)
-    if removed:
-        older = sorted({run_of(p) or "?" for p in removed})
-        print(f"checkpoints: --resume.keep_runs {keep_runs}: removed {len(removed)} checkpoint(s) of {len(older)} older "
-              f"run(s) ({', '.join(older)}) from {ckpt_dir}/", flush=True)
-    return removed
+            removed = retain_runs(self.ckpt, CheckpointName.pattern(stem), run_id, self.keep_runs)
+            if removed:
+                print(f"checkpoints: --resume.keep_runs {self.keep_runs}: removed {sum(map(len, removed.values()))} "
+                      f"checkpoint(s) of {len(removed)} older run(s) ({', '.join(sorted(removed))}) from "
+                      f"{self.ckpt_dir}/", flush=True)
 
 
 # ----------------------------------------------------------------------------- the manager
@@ -236,15 +209,17 @@ def remote_directories(ckpt_dir: str, out_dir: str, keep_last: int) -> tuple[Any
 class CheckpointManager:
     """A run's checkpoints: its parts, one save, one load (choose + restore), retention, events.
 
-    Args: the ``--resume.*`` flags of :class:`lit_minimind.callbacks.ResumeCallback`, which documents them.
+    Args: the ``--resume.*`` flags of :class:`lit_minimind.callbacks.ResumeCallback`, which documents them; ``ops``:
+    the file operations every write of the run goes through (:class:`lit_minimind.checkpoint.atomic.FileOps`).
     """
 
     def __init__(self, ckpt_dir: str = "checkpoints", out_dir: str = "out", weight: str = "pretrain", keep_last: int = 2,
-                 keep_runs: int | None = None, async_save: bool = True, upload_timeout: float = 300.0) -> None:
+                 keep_runs: int | None = None, async_save: bool = True, upload_timeout: float = 300.0,
+                 ops: FileOps | None = None) -> None:
         self.remote, ckpt_dir, out_dir = remote_directories(ckpt_dir, out_dir, keep_last)
         if upload_timeout < 0:
             raise ValueError(f"--resume.upload_timeout must be >= 0 seconds, got {upload_timeout}")
-        self.files = CheckpointFiles(ckpt_dir, out_dir, weight, keep_last, keep_runs)
+        self.files = CheckpointFiles(ckpt_dir, out_dir, weight, keep_last, keep_runs, ops)
         self.async_save, self.upload_timeout = async_save, upload_timeout
         self.run = Value(uuid.uuid4().hex[:8], keep=True)  # carried across resumes: a fresh run never touches another's files
         self.wandb = WandbRun()
@@ -304,7 +279,7 @@ class CheckpointManager:
         is one already; another storage plugin of the user's is refused (its files would not be MiniMind's)."""
         io = trainer.strategy.checkpoint_io
         if type(io) is TorchCheckpointIO:  # Lightning's default: nothing of the user's is replaced
-            io = trainer.strategy.checkpoint_io = SafeCheckpointIO()
+            io = trainer.strategy.checkpoint_io = SafeCheckpointIO(ops=self.files.ckpt.ops)
         if not isinstance(io, SafeCheckpointIO):
             raise CheckpointError(f"ResumeCallback writes its checkpoints through lit_minimind.resume.io.SafeCheckpointIO "
                                   f"(atomic, verified, MiniMind's files), but the Trainer has {type(io).__name__} as its "

@@ -81,7 +81,7 @@ class RemoteCheckpoints:
         if self.ckpt is None:
             return []
         try:
-            return self.ckpt.committed(CheckpointName.pattern(stem))
+            return self.ckpt.list(CheckpointName.pattern(stem))
         except Exception as err:  # noqa: BLE001 - endpoint down, no bucket, no permission
             raise CheckpointError(f"cannot list {self.ckpt.url} ({type(err).__name__}: "
                                   f"{str(err).splitlines()[0] if str(err) else ''})") from None

@@ -20,12 +20,12 @@ from typing import Any
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from lit_minimind.checkpoint.atomic import read_manifest
+from lit_minimind.checkpoint.atomic import read_manifest, save_order_key
 from lit_minimind.checkpoint.names import RESUME_STATE_KEY, TRAINING_STATE_KEY, CheckpointName, minimind_file_names
 from lit_minimind.checkpoint.read import read_checkpoint, verify_checkpoint, verify_manifest
 from lit_minimind.errors import CheckpointError, say
 from lit_minimind.resume.internals import adopt_scaler_state, loops_at
-from lit_minimind.resume.manager import CheckpointFiles, save_order_key
+from lit_minimind.resume.manager import CheckpointFiles
 from lit_minimind.resume.states import (
     optimizer_steps,
     rank_rng_state,

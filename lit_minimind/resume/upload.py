@@ -158,18 +158,18 @@ _remotes: dict[str, Any] = {}
 
 
 def run_step(step: list[Any]) -> None:
+    from lit_minimind.checkpoint.atomic import retain
     from lit_minimind.checkpoint.remote import RemoteDir
 
     kind, url, *args = step
     remote = _remotes.get(url) or _remotes.setdefault(url, RemoteDir(url))
     if kind == "upload":
         local, name, manifest = args
-        with open(local, "rb") as f:
-            remote.upload(f, name, manifest)
+        remote.commit(name, Path(local), manifest)
     elif kind == "copy":
         remote.copy(*args)
     elif kind == "prune":
-        remote.prune(*args)
+        retain(remote, *args)
     else:
         raise ValueError(f"unknown upload step {kind}")
 

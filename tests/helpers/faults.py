@@ -21,9 +21,12 @@ that kind in this process (a save commits its checkpoint, then its ``_resume.pth
   that stopped answering: the thread writing it (the background writer, or the loop with synchronous saves)
   blocks forever before the rename, the rest of the process runs on. It prints ``@@hanging-in-save PATH``.
 
-It is a test implementation of the writer's storage (:class:`tests.helpers.faulty_storage.FaultyStorage`, a
-:class:`lit_minimind.checkpoint.atomic.LocalStorage` installed with ``use_storage``): each operation knows
-the file it commits; files written without a manifest (caches, logs: ``atomic_open``) pass through untouched.
+It is a test implementation of the writer's file operations (:class:`tests.helpers.faulty_storage.FaultyFileOps`, a
+:class:`lit_minimind.checkpoint.atomic.FileOps`): each operation knows the file it commits; files written without a
+manifest (caches, logs: ``atomic_open``) pass through untouched. The product takes its ``FileOps`` as an argument
+(``CheckpointManager(ops=...)``, ``SafeCheckpointIO(ops=...)``) and has no switch for tests: :func:`install` makes
+``FaultyFileOps`` the package's default ``FileOps`` in a test process before the package is imported (a process the
+tests start: ``tests/helpers/site/sitecustomize.py``; in the pytest process: ``monkeypatch``).
 """
 
 from __future__ import annotations
@@ -86,10 +89,11 @@ def hang(kind: str | None, path: Any) -> None:
 
 
 def install() -> None:
-    from lit_minimind.checkpoint.atomic import use_storage
-    from tests.helpers.faulty_storage import FaultyStorage
+    """Every ``FileOps`` the package makes by default is a ``FaultyFileOps`` from now on."""
+    from lit_minimind.checkpoint import atomic
+    from tests.helpers.faulty_storage import FaultyFileOps
 
-    use_storage(FaultyStorage())
+    atomic.FileOps = FaultyFileOps  # type: ignore[misc]
 
 
 ENV_PREFIXES = ("LIT_MINIMIND_TEST_FAIL", "LIT_MINIMIND_TEST_STOP_", "LIT_MINIMIND_TEST_HANG_")  # read at run time

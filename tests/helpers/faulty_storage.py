@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from lit_minimind.checkpoint.atomic import LocalStorage
+from lit_minimind.checkpoint.atomic import FileOps
 from lit_minimind.checkpoint.names import MANIFEST_SUFFIX
 from tests.helpers.faults import fault, hang, kind_of, pause
 
@@ -45,7 +45,7 @@ class _FaultyFile:
         return getattr(self._f, attr)
 
 
-class FaultyStorage(LocalStorage):
+class FaultyFileOps(FileOps):
     """The writer's file operations with faults and pauses at a checkpoint's own files."""
 
     def open(self, tmp: Path, mode: str, target: Path) -> Any:
