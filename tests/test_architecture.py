@@ -116,3 +116,40 @@ def test_a_new_part_is_one_class_and_one_registration(tmp_path: Path) -> None:
     assert {"run_id", "wandb_id", "best_val_loss", "resume_records", "format", "versions", "counter"} <= set(state)
     loading.load_state_dict(state)
     assert loading.parts["counter"].n == 7 and loading.run.value == saving.run.value
+
+
+def test_the_file_operations_are_passed_to_the_writers_not_switched_globally(tmp_path: Path) -> None:
+    """A ``FileOps`` given to the manager is the one its checkpoint, MiniMind's link and the export are committed
+    through (no module-global to switch: the tests' faults are a ``FileOps`` too)."""
+    from types import SimpleNamespace
+
+    import torch
+    from lightning.fabric.plugins import TorchCheckpointIO
+
+    from lit_minimind.checkpoint import atomic
+    from lit_minimind.checkpoint.names import CheckpointName
+    from lit_minimind.resume.io import SafeCheckpointIO
+    from lit_minimind.resume.manager import CheckpointManager
+
+    assert not [name for name, value in vars(atomic).items() if isinstance(value, atomic.FileOps)]
+
+    class Recording(atomic.FileOps):
+        def __init__(self) -> None:
+            self.committed: list[str] = []
+
+        def replace(self, tmp: Path, target: Path) -> None:
+            self.committed.append(target.name)
+            super().replace(tmp, target)
+
+    ops = Recording()
+    manager = CheckpointManager(ckpt_dir=str(tmp_path / "ckpt"), out_dir=str(tmp_path / "out"), ops=ops)
+    checkpoint = manager.files.checkpoint(CheckpointName("pretrain_64", 0, 1, 1, manager.run.value))
+    trainer = SimpleNamespace(strategy=SimpleNamespace(checkpoint_io=TorchCheckpointIO()), datamodule=None)
+    io = manager.install_io(trainer)  # Lightning's default CheckpointIO replaced, as at setup
+    assert isinstance(io, SafeCheckpointIO) and trainer.strategy.checkpoint_io is io
+    io.save_checkpoint({"state_dict": {}}, checkpoint)
+    io.wait()
+    manager.files.publish(checkpoint, "pretrain_64", {"w": torch.zeros(2, dtype=torch.float16)})
+    data = [name for name in ops.committed if not name.endswith(".manifest.json")]
+    assert data == [checkpoint.name, "pretrain_64_resume.pth", "pretrain_64.pth"], ops.committed
+    assert len(ops.committed) == 6  # each with its manifest

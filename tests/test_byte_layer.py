@@ -37,6 +37,32 @@ def test_retention_keeps_a_runs_newest_and_never_touches_another_run() -> None:
     assert expired(saves, "b", 5) == [] and expired(saves, "c", 1) == []
 
 
+def test_a_local_directory_and_a_bucket_are_one_storage_with_one_retention(tmp_path: Path) -> None:
+    """``LocalDir`` and ``RemoteDir`` (here on ``file://``: the same fsspec code as ``s3://``) answer the same
+    ``list`` / ``commit`` / ``read`` / ``remove``, and ``retain`` / ``retain_runs`` remove the same files from both."""
+    from lit_minimind.checkpoint.atomic import LocalDir, retain, retain_runs
+    from lit_minimind.checkpoint.remote import RemoteDir
+
+    source = tmp_path / "source"
+    local, remote = LocalDir(tmp_path / "local"), RemoteDir(f"file://{tmp_path / 'remote'}")
+    saves = [("a", 1), ("b", 2), ("a", 3), ("c", 4), ("a", 5), ("b", 6)]  # (run, step), oldest first
+    for run, step in saves:
+        name = str(CheckpointName("pretrain_64", 0, step, step, run * 8))
+        atomic_save({"step": step}, source / name, {"run_id": run * 8, "saved_at": step})
+        for storage in (local, remote):
+            storage.commit(name, source / name, read_manifest(source / name))
+    pattern = CheckpointName.pattern("pretrain_64")
+    listed = [[name for name, _ in storage.list(pattern)] for storage in (local, remote)]
+    assert listed[0] == listed[1] and [CheckpointName.parse(n).step for n in listed[0]] == [6, 5, 4, 3, 2, 1]
+    assert b"".join(remote.read(listed[0][0])) == b"".join(local.read(listed[0][0])) == (source / listed[0][0]).read_bytes()
+    removed = [retain(storage, pattern, "a" * 8, 1) for storage in (local, remote)]
+    assert removed[0] == removed[1] and [CheckpointName.parse(n).step for n in removed[0]] == [3, 1]
+    by_run = [retain_runs(storage, pattern, "c" * 8, 2) for storage in (local, remote)]  # c's own and the newest other
+    assert by_run[0] == by_run[1] and set(by_run[0]) == {"a" * 8}
+    left = [[CheckpointName.parse(n).step for n, _ in storage.list(pattern)] for storage in (local, remote)]
+    assert left[0] == left[1] == [6, 4, 2]
+
+
 def test_a_manifest_records_the_files_fingerprint(tmp_path: Path) -> None:
     path = tmp_path / "x.pth"
     manifest = atomic_save({"w": torch.arange(10)}, path, {"epoch": 0})
