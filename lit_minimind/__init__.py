@@ -12,15 +12,9 @@ once, and ``python -m lit_minimind.inspect`` / ``export`` / ``generate`` never p
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 from typing import TYPE_CHECKING, Any
 
 from lit_minimind.errors import CheckpointError
-
-try:  # the one version number is pyproject.toml's, as pip installed it
-    __version__ = importlib.metadata.version("lit-minimind")
-except importlib.metadata.PackageNotFoundError:  # a source tree that was never installed
-    __version__ = "unknown"
 
 if TYPE_CHECKING:
     from lit_minimind.checkpoint.names import checkpoint_paths
@@ -51,6 +45,15 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":  # the one version number is pyproject.toml's, as pip installed it (read on first use)
+        import importlib.metadata
+
+        try:
+            version = importlib.metadata.version("lit-minimind")
+        except importlib.metadata.PackageNotFoundError:  # a source tree that was never installed
+            version = "unknown"
+        globals()[name] = version
+        return version
     if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value  # once
@@ -61,4 +64,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY) | set(_SUBPACKAGES))
+    return sorted(set(globals()) | {"__version__"} | set(_LAZY) | set(_SUBPACKAGES))
