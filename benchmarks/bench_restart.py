@@ -29,7 +29,7 @@ PHASES = [("interpreter start-up", "site"), ("imports (torch, Lightning, CLI)", 
           ("Lightning restore (+ its logger's hparams file)", "restored"), ("first optimizer step", "first_line")]
 MARKERS = [("seed", "Seed set to"), ("restoring", "Restoring states from the checkpoint"),
            ("restored", "Restored all states from the checkpoint")]
-KINDS = ["resume -X importtime", "resume", "import torch, lightning", "isolated parts"]
+KINDS = ["resume -X importtime", "resume", "import torch, lightning", "isolated parts", "exit"]
 ISOLATED = f"""
 import json, sys, time
 from lit_minimind.resume.start import choose_checkpoint
@@ -107,6 +107,8 @@ def measure(reps: int, data: Path, tok: Path, work: Path, hidden: int, layers: i
     bc.launch(bc.fit_cmd(work, data, tok, shape, {**flags, "trainer.max_steps": TRAINED_STEPS,
                                                   "resume.save_interval": TRAINED_STEPS}), work)
     cmd = bc.fit_cmd(work, data, tok, shape, flags, "--ckpt_path", "last")  # killed before any save
+    # nothing left to train: restores, prints its summary and ends (the exit phase: last line -> process gone)
+    ended = bc.fit_cmd(work, data, tok, shape, {**flags, "trainer.max_steps": TRAINED_STEPS}, "--ckpt_path", "last")
     isolated = [sys.executable, "-c", ISOLATED, str(work / "checkpoints"), str(data), str(tok), f"pretrain_{hidden}"]
 
     def start(kind: str) -> dict[str, Any]:
@@ -114,6 +116,9 @@ def measure(reps: int, data: Path, tok: Path, work: Path, hidden: int, layers: i
             return resume_start(cmd, work, importtime=kind != "resume")
         if kind == "isolated parts":
             return json.loads(bc.launch(isolated, work)["lines"][-1][1])
+        if kind == "exit":
+            run = bc.launch(ended, work)
+            return {"exit": run["wall_s"] - run["lines"][-1][0]}
         bare = bc.launch([sys.executable, "-X", "importtime", "-c", "import torch, lightning"], work)
         done = next(t for t, line in bare["lines"] if (parse_importtime(line) or ())[1:] == ("lightning", 0))
         return {"imported": done, "exit": bare["wall_s"]}
@@ -143,6 +148,7 @@ def breakdown(reps: int, size: str) -> dict[str, Any]:
     step = bc.stats(steps)
     start = bc.stats([r["events"]["first_line"] - s for r, s in zip(runs["resume"], steps)])  # less one training step
     bare, bare_exit = (bc.stats(runs["import torch, lightning"], k) for k in ("imported", "exit"))
+    exit_s = bc.stats(runs["exit"], "exit")
     top_imports = sorted(((bc.stats([r["packages"].get(n, 0) / 1e6 for r in traced])["median"], n)  # first imports
                           for n in traced[0]["packages"] if n != "lit_minimind"), reverse=True)[:8]
     cell = lambda s: bc.spread(s) if s["n"] > 1 else f"{s['median']:.3f}"
@@ -161,7 +167,9 @@ def breakdown(reps: int, size: str) -> dict[str, Any]:
              ["**resume start**: launch → first optimizer step, less that step", cell(start), share(start), ""],
              ['`python -X importtime -c "import torch, lightning"`: imports done', cell(bare), share(bare),
               "with matplotlib, which torchmetrics loads here; the CLI switches that off"],
-             ["… and the process's exit", cell(bare_exit), share(bare_exit), ""]]
+             ["… and the process's exit", cell(bare_exit), share(bare_exit), ""],
+             ["**exit**: a run's last line (its summary) → the process gone", cell(exit_s), share(exit_s),
+              "a resume with nothing left to train"]]
     verdict = (f"A resume start of the {size} model reaches its first optimizer step {plain['median']:.2f} s after "
                f"launch; `import torch, lightning` alone takes {bare['median']:.2f} s, {share(bare)} of the resume "
                f"start's {total['median']:.2f} s with -X importtime. Largest packages' first imports (cumulative: a "
@@ -172,7 +180,7 @@ def breakdown(reps: int, size: str) -> dict[str, Any]:
             "trained_steps": TRAINED_STEPS, "phases_s": phases, "isolated_parts_s": parts, "late_imports": late,
             "launch_to_first_step_s": total, "launch_to_first_step_plain_s": plain, "step_s": step,
             "resume_start_s": start, "import_torch_lightning_s": bare,
-            "import_torch_lightning_exit_s": bare_exit,
+            "import_torch_lightning_exit_s": bare_exit, "exit_s": exit_s,
             "top_imports_s": [{"name": n, "cumulative_s": s} for s, n in top_imports],
             "table": bc.table(["phase", "s med (min–max)", "share", "late imports in it (-X importtime)"], rows),
             "verdict": verdict, "runs": {"events": [r["events"] for r in traced],

@@ -46,11 +46,11 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "__version__":  # the one version number is pyproject.toml's, as pip installed it (read on first use)
-        import importlib.metadata
+        from importlib import metadata
 
         try:
-            version = importlib.metadata.version("lit-minimind")
-        except importlib.metadata.PackageNotFoundError:  # a source tree that was never installed
+            version = metadata.version("lit-minimind")
+        except metadata.PackageNotFoundError:  # a source tree that was never installed
             version = "unknown"
         globals()[name] = version
         return version

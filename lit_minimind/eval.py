@@ -1,6 +1,7 @@
 """``python -m lit_minimind.eval``: the entry point of :mod:`lit_minimind.cli.eval`."""
 
+from lit_minimind.cli import leaving
 from lit_minimind.cli.eval import main
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(leaving(main()))

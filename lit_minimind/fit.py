@@ -69,6 +69,7 @@ if _ENTRY_POINT:
     sys.meta_path.insert(0, _NoTorchmetricsPlots())
 
 from lit_minimind.callbacks.preemption import STOP, stops_at_once  # noqa: E402  (seconds: torch, Lightning)
+from lit_minimind.cli import leaving  # noqa: E402
 from lit_minimind.cli.fit import main as run_cli  # noqa: E402
 
 
@@ -79,7 +80,8 @@ def main(args: list[str] | None = None) -> int:
         print(f"stopped by {STOP.signal_name} during start-up; nothing trained, nothing to save", file=sys.stderr,
               flush=True)
         return 0
-    return run_cli(args)  # otherwise a requested stop ends the run before the first batch (ResumeCallback)
+    code = run_cli(args)  # otherwise a requested stop ends the run before the first batch (ResumeCallback)
+    return leaving(code) if _ENTRY_POINT else code
 
 
 if __name__ == "__main__":
