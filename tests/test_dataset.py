@@ -128,6 +128,22 @@ def test_no_records(tmp_path: Path, tokenizer: Tokenizer, content: str) -> None:
     assert str(path) in str(err.value)
 
 
+@pytest.mark.parametrize(("bad_line", "message"), [
+    ('{"text": "a line cut short', "not valid JSON (Unterminated string starting at column 10)"),
+    ('{"text": "no comma" "x": 1}', "not valid JSON (Expecting ',' delimiter at column 21)"),
+    ('{"text": "ends early"', "not valid JSON (Expecting ',' delimiter at column 22)"),
+])
+def test_a_malformed_line_is_described_as_written_not_by_its_newline(tmp_path: Path, tokenizer, bad_line: str,
+                                                                      message: str) -> None:
+    """The line's newline is not part of its JSON: a string left open is "unterminated" at the column it opened,
+    an object left open is reported on its own line, not at "column 1" of the next."""
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"text": "fine"}\n' + bad_line + '\n{"text": "fine"}\n')
+    with pytest.raises(DataError) as err:
+        PretrainDataset(path, tokenizer)
+    assert str(err.value) == f"{path}: line 2: {message}"
+
+
 @pytest.mark.parametrize(
     ("bad_line", "problem"),
     [

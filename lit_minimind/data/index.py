@@ -279,9 +279,10 @@ def _slow_check(path: Path, line: bytes, lineno: int, check: RecordCheck) -> dic
 
 
 def parse_record(line: bytes, where: str) -> dict:
-    """Decode one jsonl line that must hold a JSON object; DataError naming ``where`` if not."""
+    """Decode one jsonl line that must hold a JSON object; DataError naming ``where`` if not. The line's end is not
+    part of the JSON: a string left open says "Unterminated string", not "Invalid control character" (the newline)."""
     try:
-        record = json.loads(line)
+        record = json.loads(line.rstrip(b"\r\n"))
     except UnicodeDecodeError as exc:
         raise DataError(f"{where}: not valid UTF-8 ({exc.reason} at byte {exc.start})") from exc
     except json.JSONDecodeError as exc:
