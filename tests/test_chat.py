@@ -65,13 +65,13 @@ def test_chat_keeps_history_prints_answer_until_eos(tokenizer: Tokenizer) -> Non
     assert rendered[1].endswith("<|im_start|>user\nSecond question?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
 
 
-def expected_chat(export: Path, questions: list[str], seed: int = 0, **kwargs: object) -> str:
+def expected_chat(export: Path, questions: list[str], seed: int = 0, echo: bool = False, **kwargs: object) -> str:
     """What ``generate.chat`` prints for ``questions`` with ``export``'s weights (loaded the public way)
     and the CLI's sampling defaults (``kwargs`` override them): what ``main`` must print for the same flags."""
     model, tokenizer = generate.load_model(str(export)), load_tokenizer(TOKENIZER)
     sampling = {"max_new_tokens": 64, "temperature": 0.8, "top_p": 0.9, "top_k": 0, **kwargs}
     out = io.StringIO()
-    generate.chat(model, tokenizer, load_chat_template(TOKENIZER), questions, out,
+    generate.chat(model, tokenizer, load_chat_template(TOKENIZER), questions, out, echo=echo,
                   greedy=sampling["temperature"] == 0, generator=torch.Generator().manual_seed(seed), **sampling)
     return out.getvalue()
 
@@ -94,8 +94,13 @@ def test_cli_reads_turns_from_stdin(export: Path, monkeypatch: pytest.MonkeyPatc
     rc = generate.main([str(export), "--tokenizer_path", str(TOKENIZER), "--chat", "--max_new_tokens", "8",
                         "--temperature", "0.8", "--seed", "3"])
     assert rc == 0
-    expected = expected_chat(export, ["first turn", "second turn"], seed=3, max_new_tokens=8)
-    assert capsys.readouterr().out == expected
+    expected = expected_chat(export, ["first turn", "second turn"], seed=3, echo=True, max_new_tokens=8)
+    out = capsys.readouterr().out
+    assert out == expected
+    # a pipe's transcript: each answer after its turn, so two answers never run together
+    assert out.startswith("user> first turn\n") and out.count("user> ") == 2 and "\nuser> second turn\n" in out
+    assert expected.replace("user> first turn\n", "").replace("user> second turn\n", "") == \
+        expected_chat(export, ["first turn", "second turn"], seed=3, max_new_tokens=8)  # the same answers
     # another seed samples other answers: the output above follows --seed
     assert expected_chat(export, ["first turn", "second turn"], seed=4, max_new_tokens=8) != expected
 

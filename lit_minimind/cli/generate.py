@@ -7,7 +7,8 @@ temperature / top-p / top-k sampling).
 ``--chat QUESTION`` talks to an SFT model instead (``out/full_sft_128.pth``): the conversation is
 rendered with the tokenizer's chat template and its generation prompt, as MiniMind's
 ``eval_llm.py`` does, and only the assistant's answer is printed. ``--chat`` without a question
-reads one user turn per line from stdin until EOF, keeping the whole conversation.
+reads one user turn per line from stdin until EOF, keeping the whole conversation; from a pipe each answer
+follows its turn as ``user> TURN`` (a transcript).
 
 ``--lora FILE`` adds LoRA adapters (``out/lora_medical_768.pth``) to the weights, without merging them
 (MiniMind's ``eval_llm.py --lora_weight``).
@@ -72,6 +73,7 @@ def chat(
     out: TextIO,
     system: str | None = None,
     think: bool = False,
+    echo: bool = False,
     **sampling: object,
 ) -> list[dict[str, str]]:
     """Answer each question in turn, the whole conversation so far as context; return the conversation.
@@ -79,7 +81,8 @@ def chat(
     Each prompt is ``template`` rendered with the generation prompt (MiniMind's opens the answer
     with an empty ``<think>`` block unless ``think``); the answer is what the model generates
     after it, up to ``<|im_end|>`` (excluded), decoded without special tokens and printed on
-    its own line(s) to ``out``.
+    its own line(s) to ``out``; with ``echo`` each after a ``user> QUESTION`` line (a transcript: turns read
+    from a pipe, where nothing else tells one answer from the next).
     """
     messages: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
     for question in questions:
@@ -90,6 +93,8 @@ def chat(
         if EOS_ID in new:
             new = new[: new.index(EOS_ID)]
         answer = tokenizer.decode(new, skip_special_tokens=True)
+        if echo:
+            print(f"user> {question}", file=out)
         print(answer, file=out, flush=True)
         messages.append({"role": "assistant", "content": answer})
     return messages
@@ -140,8 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     generator = torch.Generator().manual_seed(args.seed)
     if args.chat is not None:
         questions = [args.chat] if args.chat else _stdin_turns()
+        echo = not args.chat and not sys.stdin.isatty()  # a terminal shows the typed turns already
         try:
-            chat(model, tokenizer, template, questions, sys.stdout, system=args.system, think=args.think,
+            chat(model, tokenizer, template, questions, sys.stdout, system=args.system, think=args.think, echo=echo,
                  max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                  top_k=args.top_k, greedy=args.temperature == 0, generator=generator)
         except KeyboardInterrupt:
