@@ -49,6 +49,8 @@ def evaluate(tmp: Path, src: Path, *args: str) -> dict[str, Any]:
     assert run.returncode == 0, run.stderr[-4000:]
     assert re.search(r"^\|\s*Tasks\s*\|Version\|Filter\|", run.stdout, re.M), run.stdout  # lm-eval's table
     assert run.stdout.rstrip().endswith(f"results: {out}")
+    # the shipped tasks name each metric's aggregation and direction: none of lm-eval's per-metric warnings
+    assert "is defined, but" not in run.stderr, [line for line in run.stderr.splitlines() if "is defined, but" in line]
     return json.loads(out.read_text())
 
 
