@@ -81,6 +81,21 @@ def test_own_script_killed_and_rerun_resumes_exactly(tmp_path: Path) -> None:
     assert "Restored all states" in again.stderr
 
 
+def test_own_script_shows_the_run_not_lightnings_notices(tmp_path: Path) -> None:
+    """The README's script, as a user runs it: MiniMind's lines and the 1-based bar, none of Lightning's notices that
+    say nothing about the run (GPU/TPU lines, its tips, the tensorboardX notice, ``Total Flops: 0``, a 0-based
+    ``Epoch 0`` bar beside ``Epoch:[1/1]``); Lightning's own restore and stop lines stay."""
+    need_shared()
+    run = run_script(tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    shown = run.stdout + run.stderr
+    assert len(run.steps) == 12 and "`Trainer.fit` stopped: `max_epochs=1` reached." in shown
+    for notice in ("GPU available", "TPU available", "Tip:", "tensorboardX", "Total Flops", "FLOPs", "Epoch 0",
+                   "LeafSpec", "smaller than the logging interval"):
+        assert notice not in shown, (notice, shown[-3000:])
+    assert "Total params" in shown  # the model summary itself stays
+
+
 def test_own_checkpoint_plugin_is_refused_at_setup(tmp_path: Path) -> None:
     need_shared()
     run = run_script(tmp_path, replace=("callbacks=[ResumeCallback", "plugins=[L.pytorch.plugins.AsyncCheckpointIO()], "

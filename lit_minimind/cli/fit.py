@@ -29,12 +29,13 @@ from lit_minimind.callbacks import MiniMindConsole, ResumeCallback
 from lit_minimind.callbacks.preemption import LOST_PEER_EXIT, STOP, cluster_plugins, lost_peer_advice, requeue_if_preempted
 from lit_minimind.callbacks.preflight import check_run_dirs
 from lit_minimind.callbacks.progress import MiniMindProgressBar, PlainProgress
+from lit_minimind.callbacks.quiet import hide_harmless_noise
 from lit_minimind.callbacks.watchdog import Watchdog
 from lit_minimind.cli.export import export_after_fit
 from lit_minimind.cli.flags import help_epilog, mapping_line, name_origins, translate
 from lit_minimind.cli.from_weight import load_start_weights, weight_path
 from lit_minimind.cli.help import DESCRIPTION, HELP_TRAINER, PROG, USAGE, HelpFormatter, arrange
-from lit_minimind.cli.output import hide_harmless_noise, lines_start_lines
+from lit_minimind.cli.output import lines_start_lines
 from lit_minimind.cli.presets import DEFAULT_CONFIG, resolve_presets  # lit_minimind/conf, in the package
 from lit_minimind.cli.stage import apply_stage_defaults
 from lit_minimind.cli.validate import parse_error_line, validate

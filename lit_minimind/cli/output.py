@@ -3,14 +3,8 @@
 * :func:`lines_start_lines`: stdout and stderr wrapped so that a write never continues a line another
   stream or thread left open (a progress bar's frame, half a ``print``): a newline goes first. An
   ``error:`` line, a warning or a background writer's line after a bar fragment starts its own line.
-* :func:`hide_harmless_noise`: Lightning's notices that say nothing about this run (its litlogger and
-  litmodels tips, ``GPU available: ... / TPU available: ...``, ``Total Flops: 0``, the model summary's
-  "Precision bf16-mixed is not supported", the tensorboardX notice, the ``log_every_n_steps`` "smaller than
-  the logging interval" warning, torch's ``_pytree`` ``LeafSpec`` deprecation in Lightning's code, under
-  DDP the ``sync_dist=True`` advice for LitMiniMind's epoch means, which torchmetrics reduced already) are
-  filtered: logging filters on the loggers that print them, warnings filters on their messages (the texts:
-  :mod:`lit_minimind.resume.internals`, with every other use of Lightning's internals).
-  ``LIT_MINIMIND_VERBOSE=1`` shows everything.
+* Lightning's notices that say nothing about a run are filtered by
+  :func:`lit_minimind.callbacks.quiet.hide_harmless_noise` (``LIT_MINIMIND_VERBOSE=1`` shows everything).
 """
 
 from __future__ import annotations
@@ -19,45 +13,8 @@ import logging
 import os
 import sys
 import threading
-import warnings
 from collections.abc import Callable
 from typing import Any
-
-from lit_minimind.resume.internals import NO_FLOPS, NOISE_LINES, NOISE_WARNINGS, NOISY_LOGGERS
-
-VERBOSE_ENV = "LIT_MINIMIND_VERBOSE"
-
-
-def verbose() -> bool:
-    """``LIT_MINIMIND_VERBOSE`` set to anything but empty, ``0``, ``false`` or ``no``."""
-    return os.environ.get(VERBOSE_ENV, "").strip().lower() not in ("", "0", "false", "no")
-
-
-class HarmlessLines(logging.Filter):
-    """Drops the known-harmless lines of :data:`NOISE_LINES`; removes ``Total Flops: 0`` from the model summary."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        if any(p.match(message) for p in NOISE_LINES):
-            return False
-        if NO_FLOPS.search(message):
-            record.msg, record.args = NO_FLOPS.sub("", message).rstrip("\n"), None
-        return True
-
-
-HARMLESS_LINES = HarmlessLines()
-
-
-def hide_harmless_noise() -> bool:
-    """Install the filters (once per process; ``addFilter`` adds a filter once); False under
-    ``LIT_MINIMIND_VERBOSE=1``, where nothing is filtered."""
-    if verbose():
-        return False
-    for pattern in NOISE_WARNINGS:
-        warnings.filterwarnings("ignore", message=pattern)
-    for name in NOISY_LOGGERS:
-        logging.getLogger(name).addFilter(HARMLESS_LINES)
-    return True
 
 
 class _Lines:
