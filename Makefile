@@ -4,14 +4,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: lint fit test test-slow test-matrix test-compat test-hf bench test-bench bench-gpu install clean
+.PHONY: lint fit test test-slow test-matrix test-compat test-hf bench test-bench bench-gpu install clean docs
 
 $(STAMP): pyproject.toml setup.cfg
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch pinned first: the CPU wheel on this machine; an unpinned torch pulls a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[dev,test-s3]"
+	$(PY) -m pip install -q -e ".[dev,test-s3,docs]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -53,8 +53,12 @@ test-bench: $(STAMP)
 bench-gpu:
 	$(PY) -m benchmarks.bench_gpu $(ARGS)
 
+# the documentation (docs/, mkdocs.yml) as a site in site/: offline, strict (a broken link or anchor fails it)
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --site-dir site  # not --quiet: it hides the warnings strict fails on
+
 clean:
-	rm -rf out checkpoints lightning_logs wandb
+	rm -rf out checkpoints lightning_logs wandb site
 
 COMPAT_TESTS := tests/test_loop_state.py tests/test_kill_chains.py tests/test_resume_exact.py tests/test_ddp.py tests/test_preemption.py
 

@@ -1,5 +1,5 @@
-"""The README's architecture section cannot drift from the code: the files of the save path and of the restore
-path are computed here from the import graph and must be the lists the README gives, and the resume core stays
+"""The architecture page (docs/architecture.md) cannot drift from the code: the files of the save path and of the
+restore path are computed here from the import graph and must be the lists the page gives, and the resume core stays
 within its size (save path <= 8 files, ``ResumeCallback`` <= 150 lines).
 
 The save path is the top-level import closure of :mod:`lit_minimind.resume.manager` (the manager's one save:
@@ -61,16 +61,16 @@ def restore_path() -> list[str]:
 
 
 def readme_list(label: str) -> tuple[int, list[str]]:
-    match = re.search(rf"^{label} \((\d+) files\): (.*)$", (ROOT / "README.md").read_text(), re.M)
-    assert match, f"the README has no line '{label} (N files): ...'"
+    match = re.search(rf"^{label} \((\d+) files\): (.*)$", (ROOT / "docs" / "architecture.md").read_text(), re.M)
+    assert match, f"docs/architecture.md has no line '{label} (N files): ...'"
     return int(match.group(1)), re.findall(r"`([^`]+)`", match.group(2))
 
 
-def test_the_readme_lists_the_save_and_restore_paths_the_code_has() -> None:
+def test_the_docs_list_the_save_and_restore_paths_the_code_has() -> None:
     for label, computed in (("Save path", save_path()), ("Restore path", restore_path())):
         count, listed = readme_list(label)
-        assert sorted(listed) == computed, f"{label}: README lists {listed}, the code has {computed}"
-        assert count == len(computed), f"{label}: README says {count} files, the code has {len(computed)}"
+        assert sorted(listed) == computed, f"{label}: the docs list {listed}, the code has {computed}"
+        assert count == len(computed), f"{label}: the docs say {count} files, the code has {len(computed)}"
 
 
 def test_the_resume_core_stays_small() -> None:

@@ -1,4 +1,4 @@
-"""A command's process ends soon after its last line (README, "Exit time"): every entry point collects the garbage
+"""A command's process ends soon after its last line (docs/several-machines.md, "Exit time"): every entry point collects the garbage
 once and freezes what is left before the interpreter's teardown, whose own collections would otherwise walk torch's
 and Lightning's objects (about 0.7 s on this VM). Checked by what it does (the freeze, atexit handlers still run),
 not by a clock; the seconds are ``bench_restart``'s exit phase."""

@@ -145,7 +145,7 @@ def test_a_file_where_a_directory_should_be_is_one_line(tmp_path: Path) -> None:
 
 
 def test_own_script_with_a_read_only_checkpoint_dir_stops_at_setup_leaving_nothing(tmp_path: Path) -> None:
-    """The README's script (no CLI): ResumeCallback.setup checks; the version directory Lightning's logger
+    """The docs' own script (no CLI): ResumeCallback.setup checks; the version directory Lightning's logger
     made before setup is removed again."""
     need_shared()
     if not can_mount():

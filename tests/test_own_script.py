@@ -1,4 +1,4 @@
-"""The README's "In your own Lightning script" block, run as it is: ``ResumeCallback`` in a plain
+"""The docs' "In your own Lightning script" block (docs/own-script.md), run as it is: ``ResumeCallback`` in a plain
 ``Trainer`` with ``trainer.fit(..., ckpt_path="last")``, no CLI. Killed mid-epoch and rerun, it resumes
 where the checkpoint is, continues its CSV log directory, and ends with the uninterrupted run's losses
 and weights; under DDP too; a checkpoint plugin of the user's is refused at setup with one line."""
@@ -25,7 +25,7 @@ from tests.helpers.runs import (
 
 
 def write_script(run_dir: Path, *, replace: tuple | None = None) -> list[str]:
-    """The README's script in ``run_dir``; ``replace``: one (old, new) edit or a tuple of them."""
+    """The docs' script in ``run_dir``; ``replace``: one (old, new) edit or a tuple of them."""
     run_dir.mkdir(parents=True, exist_ok=True)
     edits = () if replace is None else replace if isinstance(replace[0], tuple) else (replace,)
     (run_dir / "train.py").write_text(readme_script(*edits))
@@ -82,7 +82,7 @@ def test_own_script_killed_and_rerun_resumes_exactly(tmp_path: Path) -> None:
 
 
 def test_own_script_shows_the_run_not_lightnings_notices(tmp_path: Path) -> None:
-    """The README's script, as a user runs it: MiniMind's lines and the 1-based bar, none of Lightning's notices that
+    """The docs' script, as a user runs it: MiniMind's lines and the 1-based bar, none of Lightning's notices that
     say nothing about the run (GPU/TPU lines, its tips, the tensorboardX notice, ``Total Flops: 0``, a 0-based
     ``Epoch 0`` bar beside ``Epoch:[1/1]``); Lightning's own restore and stop lines stay."""
     need_shared()

@@ -461,7 +461,7 @@ class CheckpointManager:
 
     def finish(self, trainer: Any) -> None:
         """The end of training waits for the write in flight, reports it if it failed, and says how long the
-        last save took (a stop signal's grace period must be longer: README, Grace periods)."""
+        last save took (a stop signal's grace period must be longer: docs/several-machines.md, Grace periods)."""
         self.wait(trainer)
         self._raise_if_failed(trainer, self._take_io_error(trainer), self._in_flight)
         blocked, total = self.save_seconds

@@ -74,12 +74,12 @@ def tiny_args(*extra: str, epochs: int = 1, accumulate: int = 2, save_interval: 
 
 
 def readme_script(*edits: tuple[str, str] | None) -> str:
-    """The python block of the README's section "In your own Lightning script", with ``edits`` (old, new)."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## In your own Lightning script"):]
-    text = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    """The python block of the docs' page "In your own Lightning script" (docs/own-script.md), with ``edits``
+    (old, new)."""
+    page = (ROOT / "docs" / "own-script.md").read_text()
+    text = re.search(r"```python\n(.*?)```", page, re.S).group(1)
     for old, new in filter(None, edits):
-        assert old in text, f"the README's script no longer has {old!r}"
+        assert old in text, f"the docs' script no longer has {old!r}"
         text = text.replace(old, new)
     return text
 
