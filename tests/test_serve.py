@@ -361,6 +361,85 @@ def test_hundred_malformed_requests_then_a_normal_one(plain: Server) -> None:
     assert "Traceback" not in plain.log.read_text()
 
 
+def test_hostile_requests_get_400s_in_openais_shape_and_the_server_goes_on(plain: Server) -> None:
+    """What an attacker tried on 2026-12-04 got 500s or hung (the traceback only in the server's log): each is now
+    refused in OpenAI's error shape, and the server answers the next request."""
+    hi = '[{"role": "user", "content": "hi"}]'
+    hostile = [
+        ('{"messages": ' + "[" * 100_000 + "]" * 100_000 + "}", {}, 400),  # nested deeper than Python's stack
+        ('{"messages": ' + hi + ', "max_tokens": 1' + "0" * 5000 + "}", {}, 400),  # a 5,001-digit integer
+        ('{"messages": [{"role": ["user"], "content": "hi"}]}', {}, 400),  # a role that is a list
+        ('{"messages": [{"role": "user", "content": "a\\ud800b"}]}', {}, 400),  # a lone surrogate
+        ('{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\udfff"}]}]}', {}, 400),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": None,
+                                  "tool_calls": [{"type": "function", "function": {"name": "f"}}]}]}), {}, 400),
+        ('{"messages": ' + hi + ', "seed": ' + str(2**64) + "}", {}, 400),
+        ('{"messages": ' + hi + ', "seed": -1}', {}, 400),
+        ('{"messages": ' + hi + "}", {"Content-Length": "3_4"}, 400),  # int() would read 34
+        ('{"messages": ' + hi + "}", {"Content-Type": "text/plain"}, 415),  # a browser's cross-site simple request
+        ('{"messages": ' + hi + "}", {"Content-Type": "application/x-www-form-urlencoded"}, 415),
+        ('{"messages": ' + hi + "}", {"Host": "evil.example:8998"}, 403),  # DNS rebinding
+    ]
+    for body, headers, expected in hostile:
+        status, parsed, data = raw(plain, "POST", "/v1/chat/completions", body, headers=headers)
+        assert b"Traceback" not in data
+        assert_openai_error(status, parsed, expected)
+    assert "Traceback" not in plain.log.read_text()
+    for host in ("localhost", "127.0.0.1", "[::1]", "LOCALHOST:1"):  # loopback names and IP literals are served
+        assert raw(plain, "GET", "/v1/models", headers={"Host": host})[0] == 200, host
+    assert raw(plain, "GET", "/v1/models", headers={"Host": "evil.example"})[0] == 403
+    assert raw(plain, "GET", "/v1/models", key=None, headers={"Authorization": f"bearer {KEY}"})[0] == 200  # any case
+
+
+def test_a_prompt_too_long_for_the_context_is_refused_before_it_is_tokenized(plain: Server) -> None:
+    """15 MB of prompt: refused from its size alone (no token stands for more than the vocabulary's longest entry),
+    not rendered and tokenized first (37 s and 3.3 GB before)."""
+    body = json.dumps({"messages": [{"role": "user", "content": "ab " * 5_000_000}]})
+    status, parsed, _ = raw(plain, "POST", "/v1/chat/completions", body)
+    assert_openai_error(status, parsed, 400)
+    assert parsed["error"]["code"] == "context_length_exceeded" and "bytes per token" in parsed["error"]["message"]
+
+
+def test_more_than_1024_open_connections_do_not_stop_generation(plain: Server) -> None:
+    """1,100 idle connections (no key needed to open one): a chat request is still answered with its tokens
+    (select() refused a descriptor >= 1024, and every generation stopped at once as if its client had gone)."""
+    idle = []
+    try:
+        for _ in range(1100):
+            idle.append(socket.create_connection((plain.host, plain.port), timeout=30))
+        reply = plain.client().chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
+                                                       max_tokens=4, temperature=0)
+        assert reply.usage.completion_tokens == 4, reply
+    finally:
+        for sock in idle:
+            sock.close()
+
+
+def test_host_flag_empty_is_refused_and_ipv6_loopback_listens(plain: Server, tmp_path: Path) -> None:
+    """``--host ''`` would bind every interface under a warning reading "listening on :": one error line instead;
+    ``--host ::1``, listed as loopback, listens on IPv6 and answers there."""
+    assert serve.main([str(plain.export), "--host", ""]) == 2
+    try:
+        socket.socket(socket.AF_INET6).bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    proc = subprocess.Popen([sys.executable, "-m", "lit_minimind.serve", str(plain.export), "--tokenizer_path",
+                             str(TOKENIZER), "--host", "::1", "--port", "0"], cwd=ROOT, env=cli_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        match = re.search(r"listening on http://\[::1\]:(\d+)", line)
+        assert match, (line, proc.stderr.read() if proc.poll() is not None else "")
+        conn = http.client.HTTPConnection("::1", int(match.group(1)), timeout=30)
+        conn.request("GET", "/v1/models")
+        assert conn.getresponse().status == 200
+        conn.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert "warning" not in proc.stderr.read()  # loopback: no "reachable from other machines"
+
+
 def test_api_key_required_on_every_request(plain: Server) -> None:
     for key in (None, "sk-wrong"):
         for method, path, body in (("GET", "/", None), ("GET", "/v1/models", None),
@@ -378,11 +457,13 @@ def test_client_disconnecting_mid_stream_stops_its_generation(plain: Server) -> 
     body = json.dumps({"messages": [{"role": "user", "content": "Go on forever."}], "stream": True, "temperature": 0,
                        "max_tokens": 20000, "ignore_eos": True})
     sock = socket.create_connection((plain.host, plain.port), timeout=60)
-    sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+    sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {KEY}\r\n"
                  f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode())
     received = b""
     while received.count(b'"content": "') < 3:  # the role chunk, then two pieces of text
-        received += sock.recv(4096)
+        piece = sock.recv(4096)
+        assert piece, received  # the server answered and closed (an error) instead of streaming
+        received += piece
     sock.close()
     begun = time.monotonic()
     # the next request waits for the model: it is answered only once the abandoned generation has stopped

@@ -17,13 +17,16 @@ SRC is anything ``python -m lit_minimind.generate`` loads (the same code loads i
 runs on the CPU in float32. One model serves every client: requests are answered one at a time, in the
 order they arrive (a FIFO lock), so the tokens of two requests never mix. A client that goes away stops
 its generation at the next token. Bad requests get OpenAI's error shape
-(``{"error": {"message", "type", "param", "code"}}``) with a 4xx status, never a traceback.
+(``{"error": {"message", "type", "param", "code"}}``) with a 4xx status, never a traceback. A request is bounded
+before any work: its body's size, then its text's bytes against the context, then its tokens; a ``Host`` that is
+not a loopback name, an IP address or an allowed name (``--allowed_hosts``) gets 403, a POST that is not JSON 415.
 """
 
 from __future__ import annotations
 
 import argparse
 import hmac
+import ipaddress
 import json
 import math
 import secrets
@@ -55,7 +58,8 @@ __all__ = ["APIError", "ChatRequest", "ReplyParser", "StopFilter", "main", "pars
 
 MAX_BODY = 16 * 1024 * 1024  # bytes of one request body
 DEFAULT_MAX_TOKENS = 8192  # MiniMind's ChatRequest default (capped by the room left in the context)
-ROLES = {"system", "developer", "user", "assistant", "tool"}  # developer: OpenAI's newer name for system
+ROLES = {"system", "developer", "user", "assistant", "tool"}
+LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}  # developer: OpenAI's newer name for system
 
 
 class APIError(Exception):
@@ -124,7 +128,7 @@ def _flag(body: dict, name: str) -> bool:
 def _text(content: Any, where: str) -> str | None:
     """A message's content as text: a string, None, or OpenAI's list of ``{"type": "text", "text"}`` parts."""
     if content is None or isinstance(content, str):
-        return content
+        return content if content is None else _utf8(content, where)
     if isinstance(content, list):
         parts = []
         for part in content:
@@ -132,8 +136,18 @@ def _text(content: Any, where: str) -> str | None:
                 raise APIError(400, f"{where}.content: only text parts are supported ({{\"type\": \"text\", \"text\": ...}})",
                                where + ".content", "invalid_value")
             parts.append(part["text"])
-        return "".join(parts)
+        return _utf8("".join(parts), where)
     raise APIError(400, f"{where}.content must be a string or a list of text parts", where + ".content", "invalid_type")
+
+
+def _utf8(text: str, where: str) -> str:
+    """``text`` if it can be encoded (JSON's ``\\ud800`` escapes decode to lone surrogates, which cannot)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise APIError(400, f"{where}.content holds a lone surrogate (an unpaired \\ud800-\\udfff escape)",
+                       where + ".content", "invalid_value") from None
+    return text
 
 
 def _message(message: Any, i: int) -> dict[str, Any]:
@@ -141,7 +155,7 @@ def _message(message: Any, i: int) -> dict[str, Any]:
     if not isinstance(message, dict):
         raise APIError(400, f"{where} must be an object with 'role' and 'content'", where, "invalid_type")
     role = message.get("role")
-    if role not in ROLES:
+    if not isinstance(role, str) or role not in ROLES:
         raise APIError(400, f"{where}.role: unknown role {json.dumps(role)[:80]} (one of: {', '.join(sorted(ROLES))})",
                        where + ".role", "invalid_value")
     content = _text(message.get("content"), where)
@@ -153,7 +167,8 @@ def _message(message: Any, i: int) -> dict[str, Any]:
         if tool_calls is not None:
             if not isinstance(tool_calls, list) or not all(
                     isinstance(c, dict) and isinstance(c.get("function"), dict)
-                    and isinstance(c["function"].get("name"), str) for c in tool_calls):
+                    and isinstance(c["function"].get("name"), str)
+                    and isinstance(c["function"].get("arguments"), (str, dict)) for c in tool_calls):
                 raise APIError(400, f"{where}.tool_calls must be a list of {{\"function\": {{\"name\", \"arguments\"}}}}",
                                where + ".tool_calls", "invalid_value")
             out["tool_calls"] = tool_calls
@@ -168,6 +183,10 @@ def parse_request(raw: bytes) -> ChatRequest:
         body = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise APIError(400, f"the body is not valid JSON ({err})", None, "invalid_json") from None
+    except RecursionError:  # nested deeper than Python's stack
+        raise APIError(400, "the body is not valid JSON (nested too deeply)", None, "invalid_json") from None
+    except ValueError as err:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise APIError(400, f"the body is not valid JSON ({str(err).splitlines()[0]})", None, "invalid_json") from None
     if not isinstance(body, dict):
         raise APIError(400, "the body must be a JSON object", None, "invalid_json")
     messages = body.get("messages")
@@ -192,6 +211,8 @@ def parse_request(raw: bytes) -> ChatRequest:
     if n not in (None, 1):
         raise APIError(400, f"'n' must be 1 (one completion per request), got {n}", "n", "invalid_value")
     request.seed = _integer(body, "seed")
+    if request.seed is not None and not 0 <= request.seed < 2**63:
+        raise APIError(400, f"'seed' must be an integer in [0, 2**63), got {request.seed}", "seed", "invalid_value")
     stop = body.get("stop")
     if isinstance(stop, str):
         stop = [stop]
@@ -404,6 +425,14 @@ class Served:
     api_key: str | None = None
     lock: FifoLock = field(default_factory=FifoLock)
     created: int = field(default_factory=lambda: int(time.time()))
+    allowed_hosts: frozenset[str] = frozenset()  # Host names answered besides the loopback ones and IP literals
+    max_token_bytes: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        """At most how many bytes of text one token stands for, for the cheap length bound before a prompt is
+        tokenized: its vocabulary's longest entry in UTF-8 (byte-level BPE writes each byte as one character of at
+        most 2 bytes: an upper bound)."""
+        self.max_token_bytes = max(len(token.encode("utf-8", "surrogatepass")) for token in self.tokenizer.get_vocab())
 
     @property
     def context(self) -> int:
@@ -460,25 +489,55 @@ class Handler(BaseHTTPRequestHandler):
         key = self.served.api_key
         if key is None:
             return True
-        given = self.headers.get("Authorization", "")
-        return given.startswith("Bearer ") and hmac.compare_digest(given[7:].strip().encode(), key.encode())
+        scheme, _, token = self.headers.get("Authorization", "").strip().partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
+
+    def _check_host(self) -> None:
+        """A browser page on another site reaches this server by DNS rebinding only under a name of that site: a Host
+        that is not a loopback name, an IP literal, the ``--host`` name or one of ``--allowed_hosts`` is refused."""
+        host = (self.headers.get("Host") or "").strip().lower()
+        if not host:
+            return  # HTTP/1.0 without Host: not a browser
+        name = host[1:host.index("]")] if host.startswith("[") and "]" in host else host.rsplit(":", 1)[0]
+        if name in LOOPBACK_NAMES or name in self.served.allowed_hosts or "*" in self.served.allowed_hosts:
+            return
+        try:
+            ipaddress.ip_address(name)
+            return
+        except ValueError:
+            pass
+        raise APIError(403, f"Host {host!r} is not served here (allow it with --allowed_hosts {name})", None,
+                       "host_not_allowed")
+
+    def _check_json(self) -> None:
+        """A POST's body is JSON and says so: a browser's cross-site "simple" request (text/plain, a form) is refused
+        before it runs a generation."""
+        kind = (self.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
+        if kind != "application/json":
+            raise APIError(415, f"Content-Type must be application/json, not {kind or 'missing'!r}", None,
+                           "unsupported_media_type")
 
     def _gone(self) -> bool:
         """Whether the client closed its end (readable with nothing to read)."""
         try:
-            readable, _, _ = select.select([self.connection], [], [], 0)
+            poller = select.poll()  # select.select refuses a descriptor >= 1024 (a server holding many connections)
+            poller.register(self.connection, select.POLLIN)
+            readable = poller.poll(0)
             return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
-        except (OSError, ValueError):
+        except OSError:
             return True
 
     def _route(self, method: str) -> None:
         try:
+            self._check_host()
             if not self._authorized():
                 raise APIError(401, "missing or wrong API key (send 'Authorization: Bearer KEY')", None, "invalid_api_key")
             path = self.path.split("?", 1)[0].rstrip("/") or "/"
             routes = {("GET", "/"): self._get_page, ("GET", "/v1/models"): self._get_models,
                       ("POST", "/v1/chat/completions"): self._post_chat}
             if (method, path) in routes:
+                if method == "POST":
+                    self._check_json()
                 routes[method, path]()
             elif method == "GET" and path.startswith("/v1/models/"):
                 self._get_model(path[len("/v1/models/"):])
@@ -505,7 +564,8 @@ class Handler(BaseHTTPRequestHandler):
             return
         self._body_read = True
         try:
-            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.headers.get("Content-Length") or "0"
+            length = int(raw) if raw.isascii() and raw.isdigit() else 0
             if 0 < length <= MAX_BODY:
                 self.rfile.read(length)
         except (ValueError, OSError):
@@ -555,12 +615,9 @@ class Handler(BaseHTTPRequestHandler):
         raw = self.headers.get("Content-Length")
         if raw is None:
             raise APIError(411, "a Content-Length header is required", None, "length_required")
-        try:
-            length = int(raw)
-        except ValueError:
-            raise APIError(400, f"bad Content-Length {raw!r}", None, "invalid_request") from None
-        if length < 0:
+        if not (raw.isascii() and raw.isdigit()):  # int() would take "6_6", "+66", " 66 "
             raise APIError(400, f"bad Content-Length {raw!r}", None, "invalid_request")
+        length = int(raw)
         if length > MAX_BODY:
             self.close_connection = True
             raise APIError(413, f"the body is larger than {MAX_BODY} bytes", None, "request_too_large")
@@ -572,11 +629,17 @@ class Handler(BaseHTTPRequestHandler):
     def _prompt(self, request: ChatRequest) -> list[int]:
         import jinja2
 
+        self._bound(request)
         try:
             text = render_chat(request.messages, self.served.template, add_generation_prompt=True, tools=request.tools,
                                open_thinking=request.open_thinking)
         except jinja2.exceptions.TemplateError as err:
             raise APIError(400, f"the chat template refused the messages: {err}", "messages", "invalid_value") from None
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate in a field no check above read (a tool's description, ...)
+            raise APIError(400, "the request holds a lone surrogate (an unpaired \\ud800-\\udfff escape)", "messages",
+                           "invalid_value") from None
         ids = self.served.tokenizer.encode(text).ids
         room = self.served.context - len(ids)
         if request.max_tokens is None:
@@ -586,6 +649,17 @@ class Handler(BaseHTTPRequestHandler):
                                 f"requested {len(ids) + max(request.max_tokens, 1)} tokens ({len(ids)} in the messages, "
                                 f"{max(request.max_tokens, 1)} in the completion).", "max_tokens", "context_length_exceeded")
         return ids
+
+    def _bound(self, request: ChatRequest) -> None:
+        """Refuse, before rendering and tokenizing, messages too long for the context whatever their tokens: no token
+        covers more than ``max_token_bytes`` bytes, so more bytes than ``context * max_token_bytes`` cannot fit."""
+        size = sum(len(m["content"].encode("utf-8", "surrogatepass")) for m in request.messages)
+        size += len(json.dumps(request.tools)) if request.tools else 0
+        limit = self.served.context * self.served.max_token_bytes
+        if size > limit:
+            raise APIError(400, f"This model's maximum context length is {self.served.context} tokens. However, your "
+                                f"messages hold {size} bytes of text, more than that many tokens can (at most "
+                                f"{self.served.max_token_bytes} bytes per token).", "messages", "context_length_exceeded")
 
     def _post_chat(self) -> None:
         request = parse_request(self._read_body())
@@ -715,7 +789,9 @@ class Handler(BaseHTTPRequestHandler):
 
 def make_server(served: Served, host: str = "127.0.0.1", port: int = 8998) -> ThreadingHTTPServer:
     handler = type("ServedHandler", (Handler,), {"served": served})
-    server_class = type("Server", (ThreadingHTTPServer,), {"request_queue_size": 128, "daemon_threads": True})
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # --host ::1, an IPv6 address
+    server_class = type("Server", (ThreadingHTTPServer,), {"request_queue_size": 128, "daemon_threads": True,
+                                                           "address_family": family})
     return server_class((host, port), handler)
 
 
@@ -737,21 +813,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokenizer_path", default=None,
                         help="directory with tokenizer.json (default: a Hugging Face directory's own, else the embedded one)")
     parser.add_argument("--name", default=None, help="the model's id in /v1/models and replies (default: SRC's name)")
+    parser.add_argument("--allowed_hosts", default="", metavar="NAMES",
+                        help="comma-separated Host names answered besides localhost, IP addresses and --host (a browser "
+                             "page elsewhere could reach the server under any other name: DNS rebinding); '*': any")
     args = parser.parse_args(argv)
+    if not args.host.strip():
+        print("error: --host '': give an address to bind (127.0.0.1: this machine only; 0.0.0.0: every interface)",
+              file=sys.stderr)
+        return 2
     try:
         model, tokenizer, tokenizer_dir = load(args.weights, args.lora, args.tokenizer_path)
         template = load_chat_template(tokenizer_dir)
     except (CheckpointError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    served = Served(model.float().eval(), tokenizer, template, args.name or _model_name(args.weights), args.api_key)
+    allowed = frozenset(n.strip().lower() for n in [*args.allowed_hosts.split(","), args.host] if n.strip())
+    served = Served(model.float().eval(), tokenizer, template, args.name or _model_name(args.weights), args.api_key,
+                    allowed_hosts=allowed)
     try:
         server = make_server(served, args.host, args.port)
     except OSError as err:
         print(f"error: cannot listen on {args.host}:{args.port}: {err.strerror or err}", file=sys.stderr)
         return 2
     host, port = server.server_address[:2]
-    if args.host not in ("127.0.0.1", "localhost", "::1"):
+    if ":" in host:
+        host = f"[{host}]"  # a URL's IPv6 address
+    if args.host not in LOOPBACK_NAMES:
         print(f"warning: listening on {args.host}: reachable from other machines"
               + ("" if args.api_key else ", with no API key (--api_key)"), file=sys.stderr, flush=True)
     params = sum(p.numel() for p in model.parameters()) / 1e6
