@@ -585,6 +585,24 @@ def test_reply_parser_any_split_gives_the_same_events(open_thinking: bool, text:
         assert merged(events) == expected, size
 
 
+def test_text_stream_pieces_add_up_to_the_decoding_of_all_tokens() -> None:
+    """Incremental decoding (only the tokens since the last complete character): the pieces of random token streams,
+    multi-byte characters split across tokens and special tokens included, add up to the decoding of all of them,
+    and no piece ends inside a character."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(TOKENIZER / "tokenizer.json"))
+    texts = ["héllo wörld — 你好，世界！ 🙂 done", "plain ascii text", "\u00e9\u00e9\u00e9 \U0001f600\U0001f600"]
+    generator = torch.Generator().manual_seed(0)
+    streams = [tokenizer.encode(t).ids for t in texts]
+    streams += [torch.randint(0, tokenizer.get_vocab_size(), (200,), generator=generator).tolist() for _ in range(20)]
+    for ids in streams:
+        stream = serve.TextStream(tokenizer)
+        pieces = [stream.push(token) for token in ids] + [stream.flush()]
+        assert "".join(pieces) == tokenizer.decode(ids, skip_special_tokens=True)
+        assert not any(piece.endswith("\ufffd") for piece in pieces[:-1] if piece and ids == streams[0])
+
+
 def test_stop_filter_holds_back_what_may_be_a_stop_string() -> None:
     text = "one two </end> three"
     for size in (1, 2, 5, len(text)):
