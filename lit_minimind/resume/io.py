@@ -6,7 +6,6 @@ read ``weights_only`` and verified; original MiniMind ``_resume.pth`` files read
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -89,8 +88,7 @@ class SafeCheckpointIO(TorchCheckpointIO):
         self._executor: ThreadPoolExecutor | None = None
         self._futures: list[Future] = []
         self._snapshot = Snapshot()
-        self._handed_over: tuple[str, dict[str, Any]] | None = None
-        self._chosen: str | None = None
+        self.start: Any = None  # the run's Start (lit_minimind.resume.start), set at setup: Lightning's restore loads it
         self.datamodule_type: type | None = None  # the run's DataModule class: its state's key (set at setup)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
@@ -146,27 +144,13 @@ class SafeCheckpointIO(TorchCheckpointIO):
     def teardown(self) -> None:
         self.wait()
 
-    def hand_over(self, path: str | os.PathLike, ckpt: dict[str, Any]) -> None:
-        """The checkpoint the run starts from, already verified and read (:func:`lit_minimind.resume.start.choose`):
-        Lightning's restore takes it from here instead of reading the file again; released after."""
-        self._handed_over = (os.path.abspath(path), ckpt)
-
-    def load_verified(self, path: str) -> None:
-        """The next :meth:`load_checkpoint` reads ``path`` instead of the path it is given, without
-        checking its bytes again: another rank verified the file (a DDP rank loads rank 0's choice)."""
-        self._chosen = path
-
     def load_checkpoint(self, path: Any, map_location: Any | None = None, weights_only: bool | None = None) -> dict[str, Any]:
         from lit_minimind.checkpoint.read import read_checkpoint  # here: a save never loads the reader
         from lit_minimind.resume.internals import adopt_data_state
 
-        handed, self._handed_over = self._handed_over, None
-        chosen, self._chosen = self._chosen, None
-        if chosen is not None:  # global rank 0's choice, whose bytes rank 0 verified
-            ckpt = read_checkpoint(chosen, map_location or "cpu", verify=False)
-        elif handed is not None and handed[0] == os.path.abspath(path) and map_location in (None, "cpu"):
-            ckpt = handed[1]
-        else:
+        start, self.start = self.start, None  # Lightning's restore reads the start once; released after
+        ckpt = start.load(path, map_location) if start is not None else None
+        if ckpt is None:
             ckpt = read_checkpoint(path, map_location or "cpu")
         kind = checkpoint_kind(ckpt)
         if kind in ("lightning", "minimind_resume"):

@@ -291,7 +291,7 @@ class CheckpointManager:
     def prepare(self, trainer: Any, io: SafeCheckpointIO) -> None:
         """At setup, on every rank (collectives under DDP, before restore): global rank 0's start and run id
         for all; Lightning's restore takes rank 0's read, another rank reads rank 0's file."""
-        from lit_minimind.resume.start import agree_on_checkpoint
+        from lit_minimind.resume.start import Start, agree_on_checkpoint
 
         if trainer.is_global_zero and self.remote is not None:
             self.remote.uploader.start()
@@ -301,9 +301,9 @@ class CheckpointManager:
         if trainer.world_size > 1:  # one run id, so every rank names the checkpoint (and its shard) as rank 0 does
             self.run.value = trainer.strategy.broadcast(self.run.value, src=0)
         if start is not None and start.ckpt is not None:
-            io.hand_over(start.path, start.ckpt)  # Lightning's restore reads no file again
+            io.start = start  # Lightning's restore takes the read already made: no file read again
         elif chosen is not None and not trainer.is_global_zero:
-            io.load_verified(chosen)  # rank 0's file; rank 0 checked its bytes
+            io.start = Start(chosen, agreed=True)  # rank 0's file; rank 0 checked its bytes
 
     # ------------------------------------------------------------------ load
     def choose(self, trainer: Any, pl_module: Any, ckpt_path: str | None, datamodule: Any = None) -> str | None:

@@ -36,12 +36,24 @@ from lit_minimind.resume.states import (
 
 @dataclass
 class Start:
-    """The checkpoint a run starts from, chosen once. ``path``: this rank's choice (every rank loads global rank
-    0's at setup); ``ckpt``: on global rank 0 its verified read, which the loggers and Lightning's restore take
-    instead of reading the file again (None on other ranks)."""
+    """The checkpoint a run starts from, chosen once, used by the CLI, the loggers and Lightning's restore alike.
+    ``path``: the file (before setup: this rank's choice; at setup every rank takes global rank 0's); ``ckpt``: on
+    global rank 0 its verified read, which the loggers and Lightning's restore take instead of reading the file
+    again (None on other ranks); ``agreed``: another rank's start at setup, global rank 0's file, whose bytes rank 0
+    verified (Lightning may name a stand-in path for it: ``CheckpointManager.last``)."""
 
     path: str
     ckpt: dict[str, Any] | None = None
+    agreed: bool = False
+
+    def load(self, path: str | os.PathLike, map_location: Any = None) -> dict[str, Any] | None:
+        """What Lightning's restore loads for ``path`` (``SafeCheckpointIO.load_checkpoint``): the read already made,
+        or rank 0's file unverified on another rank; None when this start does not answer for ``path``."""
+        if self.agreed:
+            return read_checkpoint(self.path, map_location or "cpu", verify=False)
+        if self.ckpt is not None and os.path.abspath(path) == os.path.abspath(self.path) and map_location in (None, "cpu"):
+            return self.ckpt
+        return None
 
     def restores_rng(self) -> bool:
         """Whether it holds global rank 0's RNG state (ours; not an original MiniMind file)."""
