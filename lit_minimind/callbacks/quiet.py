@@ -50,5 +50,3 @@ def hide_harmless_noise() -> bool:
     for name in NOISY_LOGGERS:
         logging.getLogger(name).addFilter(HARMLESS_LINES)
     return True
-
-

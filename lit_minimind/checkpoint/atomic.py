@@ -54,8 +54,7 @@ class Fingerprint:
 
     @classmethod
     def of_file(cls, path: str | os.PathLike) -> Fingerprint:
-        with open(path, "rb") as f:
-            return cls.of(iter(lambda: f.read(CHUNK), b""))
+        return cls.of(file_chunks(path))
 
     @classmethod
     def recorded(cls, manifest: Mapping[str, Any], key: str | None = None) -> Fingerprint | None:
@@ -73,6 +72,12 @@ class Fingerprint:
 
 
 CHUNK = 1 << 22  # bytes per read when checksumming a file
+
+
+def file_chunks(path: str | os.PathLike) -> Iterator[bytes]:
+    """A file's bytes in ``CHUNK``-sized pieces."""
+    with open(path, "rb") as f:
+        yield from iter(lambda: f.read(CHUNK), b"")
 
 
 class _HashingWriter:
@@ -411,23 +416,21 @@ class LocalDir:
         atomic_link(source, self.path(name), self.ops)
 
     def read(self, name: str) -> Iterator[bytes]:
-        with open(self.path(name), "rb") as f:
-            yield from iter(lambda: f.read(CHUNK), b"")
+        return file_chunks(self.path(name))
 
     def remove(self, name: str) -> None:
         remove_file(self.path(name))
 
 
-def _run_of(name: str, manifest: Mapping[str, Any]) -> str | None:
-    """The run id of one of our checkpoints: its manifest's, else the one in its name."""
-    parsed = CheckpointName.parse(name)
-    return str(manifest.get("run_id") or "") or (parsed.run_id if parsed else None)
-
-
-def _runs(storage: Storage, pattern: str) -> list[tuple[str, str | None, int]]:
-    """``(name, run id, -age rank)`` of our checkpoints matching ``pattern``, newest first."""
-    return [(name, _run_of(name, manifest), -rank) for rank, (name, manifest) in enumerate(storage.list(pattern))
-            if CheckpointName.parse(name) is not None]
+def _runs(storage: Storage, pattern: str) -> list[tuple[str, str, int]]:
+    """``(name, run id, -age rank)`` of our checkpoints matching ``pattern``, newest first; a checkpoint's run id is
+    its manifest's, else the one in its name."""
+    found = []
+    for rank, (name, manifest) in enumerate(storage.list(pattern)):
+        parsed = CheckpointName.parse(name)
+        if parsed is not None:
+            found.append((name, str(manifest.get("run_id") or parsed.run_id), -rank))
+    return found
 
 
 def retain(storage: Storage, pattern: str, run_id: str, keep_last: int) -> list[str]:
@@ -444,8 +447,7 @@ def retain_runs(storage: Storage, pattern: str, run_id: str, keep_runs: int) -> 
     ``run_id``'s never). Returns the removed names by run."""
     runs: dict[str, list[str]] = {}
     for name, run, _ in _runs(storage, pattern):  # newest first: a run's first appearance is its newest save
-        if run is not None:
-            runs.setdefault(run, []).append(name)
+        runs.setdefault(run, []).append(name)
     kept = [run_id, *[r for r in runs if r != run_id]][:keep_runs]
     removed = {run: names for run, names in runs.items() if run not in kept}
     for names in removed.values():

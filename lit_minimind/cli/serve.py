@@ -58,8 +58,8 @@ __all__ = ["APIError", "ChatRequest", "ReplyParser", "StopFilter", "main", "pars
 
 MAX_BODY = 16 * 1024 * 1024  # bytes of one request body
 DEFAULT_MAX_TOKENS = 8192  # MiniMind's ChatRequest default (capped by the room left in the context)
-ROLES = {"system", "developer", "user", "assistant", "tool"}
-LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}  # developer: OpenAI's newer name for system
+ROLES = {"system", "developer", "user", "assistant", "tool"}  # developer: OpenAI's newer name for system
+LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
 
 
 class APIError(Exception):
@@ -127,8 +127,10 @@ def _flag(body: dict, name: str) -> bool:
 
 def _text(content: Any, where: str) -> str | None:
     """A message's content as text: a string, None, or OpenAI's list of ``{"type": "text", "text"}`` parts."""
-    if content is None or isinstance(content, str):
-        return content if content is None else _utf8(content, where)
+    if content is None:
+        return None
+    if isinstance(content, str):
+        return _utf8(content, where)
     if isinstance(content, list):
         parts = []
         for part in content:
@@ -250,19 +252,18 @@ class TextStream:
     concatenation of its tokens' bytes, so the pieces add up to the decoding of all the tokens."""
 
     def __init__(self, tokenizer: Tokenizer) -> None:
-        self.tokenizer, self.ids, self.start = tokenizer, [], 0
+        self.tokenizer, self.pending = tokenizer, []  # the tokens since the last complete character
 
     def push(self, token: int) -> str:
-        self.ids.append(token)
-        text = self.tokenizer.decode(self.ids[self.start:], skip_special_tokens=True)
+        self.pending.append(token)
+        text = self.tokenizer.decode(self.pending, skip_special_tokens=True)
         if text.endswith("\ufffd"):
             return ""
-        self.start = len(self.ids)  # every token so far ends on a character boundary
+        self.pending = []  # every token so far ends on a character boundary
         return text
 
     def flush(self) -> str:
-        text = self.tokenizer.decode(self.ids[self.start:], skip_special_tokens=True)
-        self.start = len(self.ids)
+        text, self.pending = self.tokenizer.decode(self.pending, skip_special_tokens=True), []
         return text
 
 
@@ -566,8 +567,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         self._body_read = True
         try:
-            raw = self.headers.get("Content-Length") or "0"
-            length = int(raw) if raw.isascii() and raw.isdigit() else 0
+            length = _byte_count(self.headers.get("Content-Length")) or 0
             if 0 < length <= MAX_BODY:
                 self.rfile.read(length)
         except (ValueError, OSError):
@@ -617,9 +617,9 @@ class Handler(BaseHTTPRequestHandler):
         raw = self.headers.get("Content-Length")
         if raw is None:
             raise APIError(411, "a Content-Length header is required", None, "length_required")
-        if not (raw.isascii() and raw.isdigit()):  # int() would take "6_6", "+66", " 66 "
+        length = _byte_count(raw)
+        if length is None:
             raise APIError(400, f"bad Content-Length {raw!r}", None, "invalid_request")
-        length = int(raw)
         if length > MAX_BODY:
             self.close_connection = True
             raise APIError(413, f"the body is larger than {MAX_BODY} bytes", None, "request_too_large")
@@ -787,6 +787,11 @@ class Handler(BaseHTTPRequestHandler):
         except ClientGone as gone:
             self._log_gone(gone)
         self.close_connection = True
+
+
+def _byte_count(header: str | None) -> int | None:
+    """A Content-Length header's value: plain ASCII digits only (``int()`` would take "6_6", "+66", " 66 "), else None."""
+    return int(header) if header is not None and header.isascii() and header.isdigit() else None
 
 
 def make_server(served: Served, host: str = "127.0.0.1", port: int = 8998) -> ThreadingHTTPServer:
