@@ -37,11 +37,12 @@ class StopRequest:
         self.signal_name: str | None = None
         self._previous: dict[int, Any] = {}
         self._holding = False
-        self._waiter: threading.Thread | None = None
+        self._forks_release = False
 
     @property
     def requested(self) -> bool:
-        return self.signal_name is not None
+        """A stop signal was received (or, while SIGTERM is held, one is pending)."""
+        return self.signal_name is not None or (self._holding and signal.SIGTERM in signal.sigpending())
 
     def install(self) -> None:
         """Handle the stop signals (main thread only; idempotent). Takes over from the start-up handler
@@ -71,27 +72,26 @@ class StopRequest:
         self.release_sigterm()
 
     def hold_sigterm(self) -> None:
-        """Until :meth:`release_sigterm`: SIGTERM blocked in this thread and every thread (and forked
-        DataLoader worker) started from it, and received by a thread of ours that records it. Call it
-        first thing in the process (main thread), before any other thread exists."""
+        """Until :meth:`release_sigterm`: SIGTERM blocked in this thread and every thread started from it,
+        so it stays pending (:attr:`requested` sees it) and reaches our handler, in the main thread, when
+        released. Call it first thing in the process (main thread), before any other thread exists.
+
+        No thread waits for it meanwhile: one would record it only once it got the GIL, and the main thread
+        could ask :attr:`requested` first and train a window it was told to skip."""
         if threading.current_thread() is not threading.main_thread() or self._holding:
             return
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         self._holding = True
-        if self._waiter is None:
-            self._waiter = threading.Thread(target=self._wait_for_sigterm, name="stop-signal", daemon=True)
-            self._waiter.start()
-            os.register_at_fork(after_in_child=self.release_sigterm)  # a forked child owns its signals
+        if not self._forks_release:
+            self._forks_release = True
+            os.register_at_fork(after_in_child=self.release_sigterm)  # a forked child (a worker) owns its signals
 
     def release_sigterm(self) -> None:
-        """SIGTERM reaches the Python handler again (call it once ours has replaced Lightning's)."""
+        """SIGTERM reaches the Python handler again (call it once ours has replaced Lightning's); a pending
+        one runs the handler before this returns (``pthread_sigmask`` checks for signals)."""
         if self._holding and threading.current_thread() is threading.main_thread():
             self._holding = False
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
-
-    def _wait_for_sigterm(self) -> None:
-        while True:
-            self._handle(signal.sigwait({signal.SIGTERM}), None)
 
     def agreed(self, trainer: Any) -> bool:
         """True when a stop was requested on any rank (a collective under DDP: call it on every rank)."""
