@@ -27,6 +27,9 @@ TINY = {"lit_minimind.fit": FIT_TINY, "lit_minimind.generate": ["--max_new_token
 # the docs' pipeline as the slow test runs it, first to last: (page, the command as the page writes it); make fit's
 # run (the embedded default) comes first, as the pages assume it ran
 RUN = [
+    ("tokenizer.md", ".venv/bin/python -m lit_minimind.train_tokenizer --out_dir my_tokenizer"),
+    ("tokenizer.md", ".venv/bin/python -m lit_minimind.fit --data.tokenizer_path my_tokenizer --resume.ckpt_dir my_run/checkpoints "
+                     "--resume.out_dir my_run/out"),
     ("sft.md", ".venv/bin/python -m lit_minimind.fit --data.kind sft --from_weight pretrain --data.max_seq_len 256 "
                "--data.empty_think_ratio 1 --trainer.max_epochs 30"),
     ("sft.md", '.venv/bin/python -m lit_minimind.generate out/full_sft_128.pth --chat "What is the assert statement?"'),

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from lit_minimind.data.sampler import MINIMIND_SEED, EpochShardSampler, ResumableBatchSampler
 from lit_minimind.data.workers import capped_workers, worker_init_fn
-from lit_minimind.errors import CheckpointError, PositionError
+from lit_minimind.errors import CheckpointError, DataError, PositionError
 from lit_minimind.resume.internals import batches_done
 from lit_minimind.resume.states import DataPosition, position_here
 
@@ -133,6 +133,11 @@ class MiniMindDataModule(L.LightningDataModule):
             data = write(Path(self.cache_dir) if self.cache_dir else default_cache_dir())
         self.data_kind = detect_kind(data) if self.kind == "auto" else self.kind
         self.tokenizer = load_tokenizer(tok)
+        model = self.trainer.lightning_module if self.trainer is not None else None
+        vocab_size = getattr(getattr(model, "config", None), "vocab_size", None)
+        if vocab_size is not None and self.tokenizer.get_vocab_size() > vocab_size:
+            raise DataError(f"tokenizer {tok} has {self.tokenizer.get_vocab_size()} tokens, more than the model's "
+                            f"{vocab_size}: pass --model.vocab_size {self.tokenizer.get_vocab_size()}")
         if self.data_kind == "sft":
             from lit_minimind.data.chat_template import load_chat_template
             from lit_minimind.data.sft import SFTDataset
