@@ -39,8 +39,8 @@ import torch.nn.functional as F
 from lit_minimind.data.tokenizer import EOS_ID
 
 __all__ = ["GRPO_BETA", "LOSS_TYPES", "RewardScorer", "TransformersScorer", "completion_log_probs", "completion_mask",
-           "fold_history", "group_advantages", "load_scorer", "policy_loss", "prompt_messages", "rep_penalty", "rewards_of",
-           "rollout", "rule_rewards", "seed_rollout_stream"]
+           "fold_history", "group_advantages", "load_scorer", "per_token_policy_loss", "policy_loss", "prompt_messages",
+           "rep_penalty", "rewards_of", "rollout", "rule_rewards", "seed_rollout_stream"]
 
 GRPO_BETA = 0.1  # MiniMind's --beta of train_grpo.py
 LOSS_TYPES = ("cispo", "grpo")
@@ -110,18 +110,29 @@ def completion_log_probs(logits: torch.Tensor, outputs: torch.Tensor, prompt_len
     return torch.gather(F.log_softmax(logits, dim=-1), 2, outputs[:, prompt_len:].unsqueeze(-1)).squeeze(-1)
 
 
-def policy_loss(logps: torch.Tensor, ref_logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-                loss_type: str, beta: float, epsilon: float, epsilon_high: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """MiniMind's GRPO / CISPO loss (module docstring) and its console's KL to the reference (detached)."""
+def per_token_policy_loss(logps: torch.Tensor, ref_logps: torch.Tensor, advantages: torch.Tensor, loss_type: str,
+                          beta: float, epsilon: float, epsilon_high: float,
+                          old_logps: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The GRPO / CISPO loss of every token (module docstring), unmasked, and ``ref_logps - logps``; the ratio's
+    old policy is ``old_logps`` (the rollout's own log-probs: agent RL, whose training context can differ from
+    the rollout's), else ``sg(logps)``."""
     diff = ref_logps - logps
     per_token_kl = torch.exp(diff) - diff - 1
-    ratio = torch.exp(logps - logps.detach())  # 1 in value: the rollout's policy is the trained one
+    # without old_logps the ratio is 1 in value: the rollout's policy is the trained one
+    ratio = torch.exp(logps - (logps.detach() if old_logps is None else old_logps))
     adv = advantages.unsqueeze(1)
     if loss_type == "cispo":
         per_token = -(torch.clamp(ratio, max=epsilon_high).detach() * adv * logps - beta * per_token_kl)
     else:
         clipped = torch.clamp(ratio, 1 - epsilon, 1 + epsilon)
         per_token = -(torch.min(ratio * adv, clipped * adv) - beta * per_token_kl)
+    return per_token, diff
+
+
+def policy_loss(logps: torch.Tensor, ref_logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                loss_type: str, beta: float, epsilon: float, epsilon_high: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """MiniMind's GRPO / CISPO loss (module docstring) and its console's KL to the reference (detached)."""
+    per_token, diff = per_token_policy_loss(logps, ref_logps, advantages, loss_type, beta, epsilon, epsilon_high)
     maskf = mask.float()
     loss = ((per_token * maskf).sum(dim=1) / maskf.sum(dim=1).clamp(min=1)).mean()
     kl_ref = (diff.detach() * maskf).sum() / maskf.sum().clamp(min=1)
