@@ -400,21 +400,6 @@ def test_a_prompt_too_long_for_the_context_is_refused_before_it_is_tokenized(pla
     assert parsed["error"]["code"] == "context_length_exceeded" and "bytes per token" in parsed["error"]["message"]
 
 
-def test_more_than_1024_open_connections_do_not_stop_generation(plain: Server) -> None:
-    """1,100 idle connections (no key needed to open one): a chat request is still answered with its tokens
-    (select() refused a descriptor >= 1024, and every generation stopped at once as if its client had gone)."""
-    idle = []
-    try:
-        for _ in range(1100):
-            idle.append(socket.create_connection((plain.host, plain.port), timeout=30))
-        reply = plain.client().chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
-                                                       max_tokens=4, temperature=0)
-        assert reply.usage.completion_tokens == 4, reply
-    finally:
-        for sock in idle:
-            sock.close()
-
-
 def test_host_flag_empty_is_refused_and_ipv6_loopback_listens(plain: Server, tmp_path: Path) -> None:
     """``--host ''`` would bind every interface under a warning reading "listening on :": one error line instead;
     ``--host ::1``, listed as loopback, listens on IPv6 and answers there."""
@@ -465,12 +450,12 @@ def test_client_disconnecting_mid_stream_stops_its_generation(plain: Server) -> 
         assert piece, received  # the server answered and closed (an error) instead of streaming
         received += piece
     sock.close()
-    begun = time.monotonic()
-    # the next request waits for the model: it is answered only once the abandoned generation has stopped
-    plain.client().chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
-    assert time.monotonic() - begun < 30
-    stopped = re.findall(r"client disconnected: generation stopped after (\d+) tokens", plain.log.read_text())
+    begun, stopped = time.monotonic(), []
+    while not stopped and time.monotonic() - begun < 30:  # its next write fails: the handler cancels its job
+        time.sleep(0.1)
+        stopped = re.findall(r"client disconnected: generation stopped after (\d+) tokens", plain.log.read_text())
     assert stopped and int(stopped[-1]) < 2000, stopped
+    plain.client().chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
 
 
 @pytest.mark.slow

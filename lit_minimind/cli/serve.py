@@ -14,9 +14,14 @@ MiniMind's ``scripts/serve_openai_api.py`` on the Python standard library (``htt
 
 SRC is anything ``python -m lit_minimind.generate`` loads (the same code loads it): fp16 export,
 ``*_resume.pth``, Lightning ``.ckpt`` or Hugging Face directory; ``--lora FILE`` adds adapters. The model
-runs on the CPU in float32. One model serves every client: requests are answered one at a time, in the
-order they arrive (a FIFO lock), so the tokens of two requests never mix. A client that goes away stops
-its generation at the next token. Bad requests get OpenAI's error shape
+runs on the CPU in float32. One model serves every client with continuous batching
+(``lit_minimind.cli.serve_engine``): the requests in flight (up to ``--max_batch``, the others wait in the order
+they came) are decoded together, one forward per token for all, each joining and leaving between two tokens,
+and each gets exactly the tokens it gets alone (greedy or seeded). Work is bounded: open connections
+(``--max_connections``, one thread each; more get 503), a read or write that blocks (``--timeout``: an idle
+connection, a stream reader that stopped reading is dropped, never holding anyone else), a request's wall-clock
+time (``--deadline``). A client that goes away stops its generation within a few tokens; one that only
+half-closes its socket still gets its answer. Bad requests get OpenAI's error shape
 (``{"error": {"message", "type", "param", "code"}}``) with a 4xx status, never a traceback. A request is bounded
 before any work: its body's size, then its text's bytes against the context, then its tokens; a ``Host`` that is
 not a loopback name, an IP address or an allowed name (``--allowed_hosts``) gets 403, a POST that is not JSON 415.
@@ -48,6 +53,7 @@ from tokenizers import Tokenizer
 
 from lit_minimind.cli.generate import load
 from lit_minimind.cli.plain import description
+from lit_minimind.cli.serve_engine import Engine, Job
 from lit_minimind.data.chat_template import load_chat_template, render_chat
 from lit_minimind.data.tokenizer import EOS_ID
 from lit_minimind.errors import CheckpointError
@@ -60,6 +66,7 @@ MAX_BODY = 16 * 1024 * 1024  # bytes of one request body
 DEFAULT_MAX_TOKENS = 8192  # MiniMind's ChatRequest default (capped by the room left in the context)
 ROLES = {"system", "developer", "user", "assistant", "tool"}  # developer: OpenAI's newer name for system
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
+STREAM_BUFFER = 64 * 1024  # bytes of a stream the kernel holds for a client that does not read (then writes block)
 
 
 class APIError(Exception):
@@ -144,6 +151,8 @@ def _text(content: Any, where: str) -> str | None:
 
 def _utf8(text: str, where: str) -> str:
     """``text`` if it can be encoded (JSON's ``\\ud800`` escapes decode to lone surrogates, which cannot)."""
+    if text.isascii():  # no surrogate, and no copy of a long text to find out
+        return text
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -395,26 +404,8 @@ def _tool_call(block: str) -> dict[str, str] | None:
 # ---------------------------------------------------------------------------------------------- the server
 
 
-class FifoLock:
-    """A lock taken in the order it was asked for: the queue of requests waiting for the model."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._next = self._serving = 0
-
-    def __enter__(self) -> None:
-        with self._cond:
-            ticket, self._next = self._next, self._next + 1
-            self._cond.wait_for(lambda: self._serving == ticket)
-
-    def __exit__(self, *_: object) -> None:
-        with self._cond:
-            self._serving += 1
-            self._cond.notify_all()
-
-
 class ClientGone(Exception):
-    """The client closed its connection: stop generating for it."""
+    """The client closed its connection (or stopped reading): stop generating for it."""
 
 
 @dataclass
@@ -426,7 +417,8 @@ class Served:
     template: str
     name: str
     api_key: str | None = None
-    lock: FifoLock = field(default_factory=FifoLock)
+    engine: Engine | None = None  # started by make_server when None
+    deadline: float = 600.0  # seconds a request may take, from its body read to its last token (--deadline)
     created: int = field(default_factory=lambda: int(time.time()))
     allowed_hosts: frozenset[str] = frozenset()  # Host names answered besides the loopback ones and IP literals
     max_token_bytes: int = field(init=False)
@@ -520,15 +512,26 @@ class Handler(BaseHTTPRequestHandler):
             raise APIError(415, f"Content-Type must be application/json, not {kind or 'missing'!r}", None,
                            "unsupported_media_type")
 
-    def _gone(self) -> bool:
-        """Whether the client closed its end (readable with nothing to read)."""
+    def _at_eof(self) -> bool:
+        """Whether the client shut its sending side: readable with nothing to read (a half-close, or a close). Only a
+        write tells the two apart (a closed socket answers it with a reset), so this alone never stops a request."""
+        if self._eof:
+            return True
         try:
             poller = select.poll()  # select.select refuses a descriptor >= 1024 (a server holding many connections)
             poller.register(self.connection, select.POLLIN)
-            readable = poller.poll(0)
-            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+            self._eof = bool(poller.poll(0)) and self.connection.recv(1, socket.MSG_PEEK) == b""
         except OSError:
-            return True
+            self._eof = True
+        return self._eof
+
+    def _write(self, data: bytes) -> None:
+        """Send ``data`` now; a client that closed, or that reads nothing for ``--timeout`` seconds, is gone."""
+        try:
+            self.wfile.write(data)
+            self.wfile.flush()
+        except (OSError, ValueError):  # BrokenPipe, ConnectionReset, a write timeout, a closed file
+            raise ClientGone(self._tokens) from None
 
     def _route(self, method: str) -> None:
         try:
@@ -561,11 +564,19 @@ class Handler(BaseHTTPRequestHandler):
             except OSError:
                 pass
 
+    def _expects_continue(self) -> bool:
+        return (self.request_version >= "HTTP/1.1"
+                and (self.headers.get("Expect") or "").strip().lower() == "100-continue")
+
     def _drain(self) -> None:
-        """Read an unread request body before answering (a client still sending would see a reset)."""
+        """Read an unread request body before answering (a client still sending would see a reset); a client waiting
+        for ``100 Continue`` has sent none: it gets the answer and the connection closes."""
         if getattr(self, "_body_read", True):
             return
         self._body_read = True
+        if self._expects_continue():
+            self.close_connection = True
+            return
         try:
             length = _byte_count(self.headers.get("Content-Length")) or 0
             if 0 < length <= MAX_BODY:
@@ -623,6 +634,9 @@ class Handler(BaseHTTPRequestHandler):
         if length > MAX_BODY:
             self.close_connection = True
             raise APIError(413, f"the body is larger than {MAX_BODY} bytes", None, "request_too_large")
+        if self._expects_continue():  # curl asks before a body over 1 MB: the checks above passed, so go on
+            self.wfile.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            self.wfile.flush()
         body = self.rfile.read(length)
         if len(body) < length:
             raise APIError(400, "the body ended before its Content-Length", None, "invalid_request")
@@ -655,7 +669,8 @@ class Handler(BaseHTTPRequestHandler):
     def _bound(self, request: ChatRequest) -> None:
         """Refuse, before rendering and tokenizing, messages too long for the context whatever their tokens: no token
         covers more than ``max_token_bytes`` bytes, so more bytes than ``context * max_token_bytes`` cannot fit."""
-        size = sum(len(m["content"].encode("utf-8", "surrogatepass")) for m in request.messages)
+        size = sum(len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))  # no copy when ASCII
+                   for text in (m["content"] for m in request.messages))
         size += len(json.dumps(request.tools)) if request.tools else 0
         limit = self.served.context * self.served.max_token_bytes
         if size > limit:
@@ -664,6 +679,7 @@ class Handler(BaseHTTPRequestHandler):
                                 f"{self.served.max_token_bytes} bytes per token).", "messages", "context_length_exceeded")
 
     def _post_chat(self) -> None:
+        self._begun, self._tokens, self._eof, self._opened = time.monotonic(), 0, False, False
         request = parse_request(self._read_body())
         ids = self._prompt(request)
         completion_id = f"chatcmpl-{secrets.token_hex(12)}"
@@ -673,48 +689,90 @@ class Handler(BaseHTTPRequestHandler):
             self._complete(request, ids, completion_id)
 
     def _generate(self, request: ChatRequest, ids: list[int]) -> Iterator[tuple[str, Any]]:
-        """Events of the reply (see :class:`ReplyParser`), then ``("finish", reason)`` and ``("usage", n)``.
-        Runs under the model's lock; raises :class:`ClientGone` when the client closed its connection."""
+        """Events of the reply (see :class:`ReplyParser`), then ``("finish", reason)`` and ``("usage", n)``, from the
+        engine's batch; raises :class:`ClientGone` when the client left, :class:`APIError` (503) when the deadline came
+        before the first token."""
         generator = torch.Generator()
         generator.manual_seed(request.seed if request.seed is not None else secrets.randbits(63))
+        job = Job(ids, request.max_tokens, request.temperature, request.top_p, request.top_k,
+                  None if request.ignore_eos else EOS_ID, generator, self._begun + self.served.deadline)
         text, stops, parser = TextStream(self.served.tokenizer), StopFilter(request.stop), ReplyParser(request.open_thinking)
         n = 0
-        tokens = sample_tokens(self.served.model, torch.tensor([ids]), request.max_tokens, request.temperature,
-                               request.top_p, request.top_k, None if request.ignore_eos else EOS_ID, generator)
-        for token in tokens:
-            n = self._tokens = n + 1
-            if self._gone():
-                raise ClientGone(n)
-            yield from parser.push(stops.push(text.push(token)))
-            if stops.stopped:
-                break
+        self.served.engine.submit(job)
+        try:
+            for token in job.tokens():
+                if self._at_eof():  # closed or half-closed: a write tells (a closed socket resets it)
+                    self._probe()
+                if token is None:
+                    if time.monotonic() > job.deadline + 30:  # the engine lost it (a bug): never wait forever
+                        raise RuntimeError("the decoding engine did not end a job past its deadline")
+                    continue
+                n = self._tokens = n + 1
+                yield from parser.push(stops.push(text.push(token)))
+                if stops.stopped:
+                    break
+        finally:
+            job.cancel()  # a stop string, a client gone, an error: it leaves the batch at the next token
+        finish = getattr(job, "finish", "stop")
+        if finish == "error":
+            raise RuntimeError("the decoding engine failed (see the server's log)")
+        if finish == "deadline":
+            print(f"{self.client_address[0]}:{self.client_address[1]} - deadline: generation stopped after {n} tokens "
+                  f"(--deadline {self.served.deadline:g})", file=sys.stderr, flush=True)
+            if n == 0:
+                raise APIError(503, f"the server is busy: no token within the request's deadline ({self.served.deadline:g} "
+                                    "s, --deadline); try again later", None, "deadline_exceeded", "server_error")
         if not stops.stopped:
             yield from parser.push(stops.push(text.flush()))
         if not stops.stopped:
             yield from parser.push(stops.flush())
         yield from parser.flush()
-        yield "finish", "stop" if stops.stopped or n < request.max_tokens else "length"
+        yield "finish", "stop" if stops.stopped or finish == "stop" else "length"
         yield "usage", n
+
+    def _probe(self) -> None:
+        """Write something harmless, so a closed client's socket resets and the next write fails: an SSE comment in a
+        stream; in a plain reply the headers (200) early, then a space (JSON allows it before the body)."""
+        if self._stream_chunk is not None:
+            self._write(b": \n\n")
+            return
+        if not self._opened:
+            self._opened = True
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Connection", "close")
+            try:
+                self.end_headers()
+            except OSError:
+                raise ClientGone(self._tokens) from None
+        self._write(b" ")
 
     def _complete(self, request: ChatRequest, ids: list[int], completion_id: str) -> None:
         reasoning, content, calls, reason, n = [], [], [], "stop", 0
+        self._stream_chunk = None
         try:
-            with self.served.lock:
-                if self._gone():
-                    raise ClientGone(0)
-                for kind, value in self._generate(request, ids):
-                    if kind == "reasoning":
-                        reasoning.append(value)
-                    elif kind == "content":
-                        content.append(value)
-                    elif kind == "tool_call":
-                        calls.append(value)
-                    elif kind == "finish":
-                        reason = value
-                    elif kind == "usage":
-                        n = value
+            for kind, value in self._generate(request, ids):
+                if kind == "reasoning":
+                    reasoning.append(value)
+                elif kind == "content":
+                    content.append(value)
+                elif kind == "tool_call":
+                    calls.append(value)
+                elif kind == "finish":
+                    reason = value
+                elif kind == "usage":
+                    n = value
         except ClientGone as gone:
             self._log_gone(gone)
+            return
+        except Exception as err:
+            if not self._opened:
+                raise
+            if not isinstance(err, APIError):  # the status (200) is gone: the error as the body
+                traceback.print_exc(file=sys.stderr)
+                err = APIError(500, "internal server error (see the server's log)", None, "internal_error", "server_error")
+            self._write(json.dumps(err.body()).encode())
+            self.close_connection = True
             return
         message: dict[str, Any] = {"role": "assistant", "content": "".join(content)}
         if reasoning:
@@ -723,11 +781,16 @@ class Handler(BaseHTTPRequestHandler):
             message["tool_calls"] = [{"id": f"call_{secrets.token_hex(12)}", "type": "function", "function": call}
                                      for call in calls]
             reason = "tool_calls"
-        self._json(200, {
+        reply = {
             "id": completion_id, "object": "chat.completion", "created": int(time.time()), "model": self.served.name,
             "choices": [{"index": 0, "message": message, "finish_reason": reason, "logprobs": None}],
             "usage": {"prompt_tokens": len(ids), "completion_tokens": n, "total_tokens": len(ids) + n},
-        })
+        }
+        if self._opened:  # headers sent early (the client half-closed): the body ends with the connection
+            self._write(json.dumps(reply, ensure_ascii=False).encode())
+            self.close_connection = True
+        else:
+            self._json(200, reply)
 
     def _log_gone(self, gone: ClientGone) -> None:
         self.close_connection = True
@@ -742,48 +805,44 @@ class Handler(BaseHTTPRequestHandler):
                     "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}], **extra}
             return f"data: {json.dumps(body, ensure_ascii=False)}\n\n".encode()
 
-        def write(data: bytes) -> None:
-            try:
-                self.wfile.write(data)
-                self.wfile.flush()
-            except (OSError, ValueError):  # BrokenPipe, ConnectionReset, a write timeout, a closed file
-                raise ClientGone(self._tokens) from None
-
-        self._tokens, calls = 0, 0
+        self._stream_chunk, write, calls = chunk, self._write, 0
+        try:  # a small send buffer: a reader that stopped reading is found after STREAM_BUFFER bytes, not megabytes
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, STREAM_BUFFER)
+        except OSError:
+            pass
         try:
-            with self.served.lock:
-                if self._gone():
-                    raise ClientGone(0)
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream; charset=utf-8")
-                self.send_header("Cache-Control", "no-cache")
-                self.send_header("Connection", "close")
-                self.end_headers()
-                write(chunk({"role": "assistant", "content": ""}))
-                try:
-                    for kind, value in self._generate(request, ids):
-                        if kind in ("reasoning", "content"):
-                            write(chunk({f"{kind}_content" if kind == "reasoning" else kind: value}))
-                        elif kind == "tool_call":
-                            write(chunk({"tool_calls": [{"index": calls, "id": f"call_{secrets.token_hex(12)}",
-                                                         "type": "function", "function": value}]}))
-                            calls += 1
-                        elif kind == "finish":
-                            write(chunk({}, "tool_calls" if calls else value))
-                        elif kind == "usage":
-                            n = value
-                            if request.include_usage:
-                                usage = {"prompt_tokens": len(ids), "completion_tokens": n, "total_tokens": len(ids) + n}
-                                body = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
-                                        "model": self.served.name, "choices": [], "usage": usage}
-                                write(f"data: {json.dumps(body)}\n\n".encode())
-                except ClientGone:
-                    raise
-                except Exception:  # headers are gone: the error as one more event, as MiniMind's server does
-                    traceback.print_exc(file=sys.stderr)
-                    err = APIError(500, "internal server error (see the server's log)", None, "internal_error", "server_error")
-                    write(f"data: {json.dumps(err.body())}\n\n".encode())
-                write(b"data: [DONE]\n\n")
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            write(chunk({"role": "assistant", "content": ""}))
+            try:
+                for kind, value in self._generate(request, ids):
+                    if kind in ("reasoning", "content"):
+                        write(chunk({f"{kind}_content" if kind == "reasoning" else kind: value}))
+                    elif kind == "tool_call":
+                        write(chunk({"tool_calls": [{"index": calls, "id": f"call_{secrets.token_hex(12)}",
+                                                     "type": "function", "function": value}]}))
+                        calls += 1
+                    elif kind == "finish":
+                        write(chunk({}, "tool_calls" if calls else value))
+                    elif kind == "usage":
+                        n = value
+                        if request.include_usage:
+                            usage = {"prompt_tokens": len(ids), "completion_tokens": n, "total_tokens": len(ids) + n}
+                            body = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
+                                    "model": self.served.name, "choices": [], "usage": usage}
+                            write(f"data: {json.dumps(body)}\n\n".encode())
+            except ClientGone:
+                raise
+            except APIError as err:  # headers are gone: the error as one more event
+                write(f"data: {json.dumps(err.body())}\n\n".encode())
+            except Exception:  # headers are gone: the error as one more event, as MiniMind's server does
+                traceback.print_exc(file=sys.stderr)
+                err = APIError(500, "internal server error (see the server's log)", None, "internal_error", "server_error")
+                write(f"data: {json.dumps(err.body())}\n\n".encode())
+            write(b"data: [DONE]\n\n")
         except ClientGone as gone:
             self._log_gone(gone)
         self.close_connection = True
@@ -794,12 +853,68 @@ def _byte_count(header: str | None) -> int | None:
     return int(header) if header is not None and header.isascii() and header.isdigit() else None
 
 
-def make_server(served: Served, host: str = "127.0.0.1", port: int = 8998) -> ThreadingHTTPServer:
-    handler = type("ServedHandler", (Handler,), {"served": served})
+class BoundedServer(ThreadingHTTPServer):
+    """A thread per connection, at most ``max_connections`` of them: one more is answered 503 at once and closed
+    (each thread waits at most ``--timeout`` seconds on a read or a write, so idle connections leave)."""
+
+    daemon_threads = True
+    request_queue_size = 128
+    max_connections = 2048
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.open_connections, self._count = 0, threading.Lock()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._count:
+            full = self.open_connections >= self.max_connections
+            self.open_connections += not full
+        if not full:
+            super().process_request(request, client_address)
+            return
+        body = json.dumps(APIError(503, f"the server holds its maximum of {self.max_connections} connections "
+                                        "(--max_connections); try again later", None, "too_many_connections",
+                                   "server_error").body()).encode()
+        try:
+            request.settimeout(1)
+            request.sendall(b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                            b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        except OSError:
+            pass
+        self.shutdown_request(request)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._count:
+                self.open_connections -= 1
+
+
+def make_server(served: Served, host: str = "127.0.0.1", port: int = 8998, max_connections: int = 2048,
+                timeout: float = 60.0) -> BoundedServer:
+    """The server, its decoding engine started (a ``Served`` without one gets one of ``max_batch`` 16)."""
+    if served.engine is None:
+        served.engine = Engine(served.model)
+    if not served.engine.thread.is_alive():
+        served.engine.start()
+    handler = type("ServedHandler", (Handler,), {"served": served, "timeout": timeout})
     family = socket.AF_INET6 if ":" in host else socket.AF_INET  # --host ::1, an IPv6 address
-    server_class = type("Server", (ThreadingHTTPServer,), {"request_queue_size": 128, "daemon_threads": True,
-                                                           "address_family": family})
+    server_class = type("Server", (BoundedServer,), {"address_family": family, "max_connections": max_connections})
     return server_class((host, port), handler)
+
+
+def _open_files(wanted: int) -> None:
+    """Raise this process's soft limit of open files to ``wanted`` (as far as the hard limit allows): each connection
+    is one (the usual soft limit, 1024, would refuse connections long before ``--max_connections``)."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and soft < wanted:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted if hard == resource.RLIM_INFINITY else min(wanted, hard), hard))
+    except (ImportError, ValueError, OSError):
+        pass
 
 
 def _model_name(src: str) -> str:
@@ -823,7 +938,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--allowed_hosts", default="", metavar="NAMES",
                         help="comma-separated Host names answered besides localhost, IP addresses and --host (a browser "
                              "page elsewhere could reach the server under any other name: DNS rebinding); '*': any")
+    parser.add_argument("--max_batch", type=int, default=16, metavar="N",
+                        help="requests decoded together, one forward per token for all (default 16); more wait in "
+                             "the order they came")
+    parser.add_argument("--max_connections", type=int, default=2048, metavar="N",
+                        help="open connections, one thread each (default 2048); one more is answered 503 at once")
+    parser.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+                        help="a read or a write blocking longer drops the client: an idle connection, a stream "
+                             "reader that stopped reading (default 60)")
+    parser.add_argument("--deadline", type=float, default=600.0, metavar="SECONDS",
+                        help="a request's wall-clock limit, waiting included: its generation stops there "
+                             "(finish_reason 'length'; 503 if no token came yet) (default 600)")
+    parser.add_argument("--threads", type=int, default=1, metavar="N",
+                        help="torch's threads for the model (default 1: the server's own threads share the cores; "
+                             "more pays only for a large model on many cores)")
     args = parser.parse_args(argv)
+    for flag in ("max_batch", "max_connections", "timeout", "deadline", "threads"):
+        if not getattr(args, flag) > 0:
+            print(f"error: --{flag} must be positive, got {getattr(args, flag)}", file=sys.stderr)
+            return 2
     if not args.host.strip():
         print("error: --host '': give an address to bind (127.0.0.1: this machine only; 0.0.0.0: every interface)",
               file=sys.stderr)
@@ -835,10 +968,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     allowed = frozenset(n.strip().lower() for n in [*args.allowed_hosts.split(","), args.host] if n.strip())
-    served = Served(model.float().eval(), tokenizer, template, args.name or _model_name(args.weights), args.api_key,
-                    allowed_hosts=allowed)
+    torch.set_num_threads(args.threads)
+    model = model.float().eval()
+    served = Served(model, tokenizer, template, args.name or _model_name(args.weights), args.api_key,
+                    engine=Engine(model, args.max_batch), deadline=args.deadline, allowed_hosts=allowed)
+    _open_files(args.max_connections + 64)
     try:
-        server = make_server(served, args.host, args.port)
+        server = make_server(served, args.host, args.port, args.max_connections, args.timeout)
     except OSError as err:
         print(f"error: cannot listen on {args.host}:{args.port}: {err.strerror or err}", file=sys.stderr)
         return 2
@@ -849,7 +985,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warning: listening on {args.host}: reachable from other machines"
               + ("" if args.api_key else ", with no API key (--api_key)"), file=sys.stderr, flush=True)
     params = sum(p.numel() for p in model.parameters()) / 1e6
-    print(f"lit-minimind serve: {served.name} ({params:.2f}M parameters, float32 on cpu), "
+    print(f"lit-minimind serve: {served.name} ({params:.2f}M parameters, float32 on cpu, batches of up to "
+          f"{args.max_batch}), "
           f"listening on http://{host}:{port} (chat page: /, API: /v1)", flush=True)
     try:
         server.serve_forever()
