@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: lint fit test test-slow test-matrix test-compat test-hf bench test-bench bench-gpu install clean docs
+.PHONY: lint fit pipeline test test-slow test-matrix test-compat test-hf bench test-bench bench-gpu install clean docs
 
 $(STAMP): pyproject.toml setup.cfg
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,10 @@ install: $(STAMP)
 
 fit: $(STAMP)
 	$(PY) -m lit_minimind.fit $(ARGS)
+
+# the whole pipeline as one resumable run (docs/pipeline.md): the embedded corpus to the report card in runs/pipeline
+pipeline: $(STAMP)
+	$(PY) -m lit_minimind.pipeline $(ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

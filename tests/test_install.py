@@ -77,7 +77,10 @@ def test_the_wheel_holds_the_package_and_its_configs(installed: dict) -> None:
     names = zipfile.ZipFile(installed["wheel"]).namelist()
     tops = {n.split("/")[0] for n in names}
     assert tops == {"lit_minimind", "lit_minimind-0.1.0.dist-info"}, tops  # no callbacks, conf, tests, benchmarks
-    assert {n for n in names if n.startswith("lit_minimind/conf/")} == {f"lit_minimind/conf/{p}" for p in PRESETS}
+    pipelines = {f"lit_minimind/conf/pipeline/{p.name}" for p in (ROOT / "lit_minimind" / "conf" / "pipeline").glob("*.yaml")}
+    assert {n for n in names if n.startswith("lit_minimind/conf/")} == {f"lit_minimind/conf/{p}" for p in PRESETS} | pipelines
+    assert "lit_minimind/conf/pipeline/default.yaml" in pipelines
+    assert "lit_minimind/data/agent_rl.jsonl" in names  # agent RL's demo data
     assert "default.yaml" in PRESETS and "minimind_pretrain.yaml" in PRESETS
     assert "lit_minimind/callbacks/__init__.py" in names and not any("__pycache__" in n for n in names)
 
