@@ -218,3 +218,18 @@ def test_checkpoint_carries_the_rows_since_the_save_before_the_previous_one_and_
                                   maxlen=restored.history.rows.maxlen)
     log(restored, range(17, 21), time.monotonic() - 120)
     assert carried(checkpoint(restored)) == list(range(13, 21))  # since the save of 12
+
+
+def test_a_run_ended_by_max_steps_keeps_its_epoch_row_when_run_again(tmp_path: Path) -> None:
+    """``--trainer.max_steps`` ends the run inside its epoch, whose ``mean_loss`` row is logged after the last save; the
+    same command again (a stopped pipeline stage rerun, a user's second try) has nothing to train and keeps that row
+    (it was dropped as an unfinished epoch's, and nothing logged it again)."""
+    need_shared()
+    args = tiny_args(epochs=2, accumulate=2, save_interval=100) + ["--trainer.max_steps", "3", "--ckpt_path", "last"]
+    first = run_cli(tmp_path, args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = [r for r in csv_rows(tmp_path) if r.get("mean_loss")]
+    assert len(before) == 1 and before[0]["epoch"] == "0"
+    again = run_cli(tmp_path, args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert [r for r in csv_rows(tmp_path) if r.get("mean_loss")] == before

@@ -116,6 +116,9 @@ class LogHistory:
         from lightning.fabric.loggers import CSVLogger
 
         state, global_step = callback_state(ckpt, CONSOLE_STATE_KEY), ckpt.get("global_step")
+        epochs_complete = int(state.get("epochs_complete") or 0)
+        if 0 < trainer.max_steps <= (global_step or 0):  # nothing left to train: the row the run ended with stays
+            epochs_complete = max(epochs_complete, int(ckpt.get("epoch") or 0) + 1)
         loggers = list(trainer.loggers)
         positions = [i for i, lg in enumerate(loggers) if isinstance(lg, CSVLogger)]
         for i, saved in zip(positions, state.get("csv_logs") or []):
@@ -129,7 +132,7 @@ class LogHistory:
             later = went_further(logger.log_dir, position) if rank_zero_only.rank == 0 else None
             if later is not None:  # another lineage's rows: a new version, branched from that one
                 kept = branch_metrics_csv(loggers[i], Path(logger.log_dir), int(state.get("micro_step") or 0),
-                                          int(state.get("epochs_complete") or 0), global_step)
+                                          epochs_complete, global_step)
                 self._complete_loggers.add(id(loggers[i]))
                 rank_zero_info(f"logs: {loggers[i].log_dir}, branched from {Path(logger.log_dir).name} at micro_step "
                                f"{state.get('micro_step')} ({kept} rows copied; {Path(logger.log_dir).name} went on to "
@@ -138,8 +141,7 @@ class LogHistory:
             loggers[i] = logger
             if rank_zero_only.rank != 0:
                 continue
-            kept, dropped = continue_metrics_csv(logger, int(state.get("micro_step") or 0),
-                                                 int(state.get("epochs_complete") or 0), global_step)
+            kept, dropped = continue_metrics_csv(logger, int(state.get("micro_step") or 0), epochs_complete, global_step)
             cut_ledger(logger.log_dir, position)
             self._complete_loggers.add(id(logger))
             rank_zero_info(f"logs: continuing {logger.log_dir} (metrics.csv: {kept} rows up to micro_step "
