@@ -49,6 +49,12 @@ RUN = [
                 "--data.thinking_ratio 0 --data.max_seq_len 256 --model.max_gen_len 48 --model.num_generations 4 "
                 "--data.batch_size 4 --model.learning_rate 1e-4 --trainer.max_epochs 3"),
     ("grpo.md", '.venv/bin/python -m lit_minimind.generate out/grpo_128.pth --chat "What is the assert statement?"'),
+    ("agent-rl.md", ".venv/bin/python -m lit_minimind.fit --model.objective agent --model.max_gen_len 64 --model.num_generations 4 "
+                    "--data.batch_size 2 --model.learning_rate 1e-5 --trainer.max_epochs 1 --log_interval 1"),
+    ("ppo.md", ".venv/bin/python -m lit_minimind.fit --model.objective ppo --model.reward_model out/reward_128.pth "
+               "--data.thinking_ratio 0 --data.max_seq_len 256 --model.max_gen_len 48 --data.batch_size 4 "
+               "--model.mini_batch_size 2 --model.learning_rate 1e-5 --model.critic_learning_rate 1e-4 --trainer.max_epochs 3"),
+    ("ppo.md", '.venv/bin/python -m lit_minimind.generate out/ppo_actor_128.pth --chat "What is the assert statement?"'),
     ("distillation.md", ".venv/bin/python -m lit_minimind.fit --data.kind sft --model.objective distill "
                         "--model.hidden_size 64 --from_weight none --model.teacher full_sft --model.teacher_hidden_size 128 "
                         "--model.teacher_use_moe false --data.max_seq_len 256 --data.empty_think_ratio 1 "
@@ -129,6 +135,6 @@ def test_the_docs_pipeline_runs_at_tiny_size(tmp_path: Path) -> None:
         if argv[2] == "lit_minimind.generate":
             assert done.stdout.strip(), (page, command)  # an answer was printed
     for written in ("out/full_sft_128.pth", "out/lora_pydoc_128.pth", "out/lora_pydoc_128_merged.pth", "out/dpo_128.pth",
-                    "out/reward_128.pth", "out/grpo_128.pth", "out/full_dist_64.pth", "hf/minimind/config.json",
+                    "out/reward_128.pth", "out/grpo_128.pth", "out/ppo_actor_128.pth", "out/agent_128.pth", "out/full_dist_64.pth", "hf/minimind/config.json",
                     "hf/minimind-f32/config.json"):
         assert (tmp_path / written).is_file(), written

@@ -15,6 +15,8 @@ import torch
 from lit_minimind.checkpoint.names import (
     CHECKPOINT_SCHEMA,
     CONSOLE_STATE_KEY,
+    MINIMIND_PPO_KEYS,
+    PPO_STATE_KEY,
     RESUME_STATE_KEY,
     REWARD_MODEL_KEY,
     START_WEIGHTS_KEY,
@@ -58,8 +60,9 @@ def test_uninterrupted_tiny_run_reproduces_minimind_run(tmp_path: Path, variant:
     assert ckpts == [f"pretrain_64{suffix}_e0_s10_g5", f"pretrain_64{suffix}_e0_s12_g6"]  # keep_last 2
     # what the checkpoint holds is what checkpoint.names declares: every key, nothing else
     ckpt = torch.load(max((tmp_path / "checkpoints").glob("*_s12_*.ckpt")), weights_only=True)
-    # LoRA, DPO and GRPO; distillation; GRPO with a reward model
-    assert set(ckpt) == set(CHECKPOINT_SCHEMA) - {START_WEIGHTS_KEY, TEACHER_KEY, REWARD_MODEL_KEY}
+    # LoRA, DPO, GRPO and PPO; distillation; GRPO and PPO with a reward model; PPO
+    assert set(ckpt) == set(CHECKPOINT_SCHEMA) - {START_WEIGHTS_KEY, TEACHER_KEY, REWARD_MODEL_KEY, PPO_STATE_KEY,
+                                                   *MINIMIND_PPO_KEYS}
     assert set(ckpt["callbacks"]) == {RESUME_STATE_KEY, CONSOLE_STATE_KEY}
 
 

@@ -56,6 +56,25 @@ def format_grpo_line(epoch: int, epochs: int, step: int, iters: int, row: dict[s
     )
 
 
+def format_agent_line(epoch: int, epochs: int, step: int, iters: int, row: dict[str, float]) -> str:
+    """MiniMind's ``train_agent.py`` log format (no epoch time in it)."""
+    return (
+        f"Epoch:[{epoch + 1}/{epochs}]({step}/{iters}), Reward:{row['reward']:.4f}, KL:{row['kl_ref']:.4f}, "
+        f"GrpStd:{row['group_reward_std']:.4f}, AdvStd:{row['advantages_std']:.4f}, Loss:{row['loss']:.4f}, "
+        f"AvgLen:{row['avg_response_len']:.2f}, AdvMean:{row['advantages_mean']:.4f}, LR:{row['learning_rate']:.8f}"
+    )
+
+
+def format_ppo_line(epoch: int, epochs: int, step: int, iters: int, row: dict[str, float]) -> str:
+    """MiniMind's ``train_ppo.py`` log format (no epoch time in it)."""
+    return (
+        f"Epoch:[{epoch + 1}/{epochs}]({step}/{iters}), Reward: {row['reward']:.4f}, KL_ref: {row['kl_ref']:.4f}, "
+        f"Approx KL: {row['approx_kl']:.4f}, ClipFrac: {row['clipfrac']:.4f}, Critic Loss: {row['critic_loss']:.4f}, "
+        f"Avg Response Len: {row['avg_response_len']:.2f}, Actor LR: {row['learning_rate']:.8f}, "
+        f"Critic LR: {row['critic_lr']:.8f}"
+    )
+
+
 def batch_tokens(batch: Any) -> int:
     """Target tokens in a batch, from shapes only (no host sync): ``labels`` of ``(input_ids, labels)``,
     every ``y_*`` of a DPO dict batch."""
@@ -201,6 +220,10 @@ class MiniMindConsole(Callback):
                 name = "dpo_loss" if "dpo_loss" in row else "reward_loss"
                 line = format_dpo_line(trainer.current_epoch, trainer.max_epochs or 1, step, iters, row["loss"],
                                        row[name], row["aux_loss"], row["learning_rate"], eta_min, name)
+            elif "clipfrac" in row:
+                line = format_ppo_line(trainer.current_epoch, trainer.max_epochs or 1, step, iters, row)
+            elif "group_reward_std" in row:
+                line = format_agent_line(trainer.current_epoch, trainer.max_epochs or 1, step, iters, row)
             elif "kl_ref" in row:
                 line = format_grpo_line(trainer.current_epoch, trainer.max_epochs or 1, step, iters, row)
             elif "distill" in row:

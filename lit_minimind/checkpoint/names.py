@@ -30,10 +30,12 @@ TRAINING_STATE_KEY = "lit_minimind"  # per-rank RNG (a save is taken at an optim
 TRAINING_STATE_FORMAT = 3  # of TRAINING_STATE_KEY: 3 = RNG only (1, 2: partial gradients inline / in shards)
 LORA_KEY = ".lora."  # in every LoRA adapter's key (MiniMind's ``lora`` modules)
 CALLBACK_FORMAT_VERSION = 2  # of ResumeCallback's state
-START_WEIGHTS_KEY = "start_weights"  # {"path", "sha256"} of --from_weight in LoRA, DPO and GRPO checkpoints
+START_WEIGHTS_KEY = "start_weights"  # {"path", "sha256"} of --from_weight in LoRA, DPO, GRPO and PPO checkpoints
 TEACHER_KEY = "teacher"  # {"path", "sha256"} of --model.teacher in distillation checkpoints
 LR_SCHEDULE_KEY = "lr_schedule"  # {"total": T of the LR rule}: a resume with another T says so
-REWARD_MODEL_KEY = "reward_model"  # {"path", "sha256"} of --model.reward_model in GRPO checkpoints
+REWARD_MODEL_KEY = "reward_model"  # {"path", "sha256"} of --model.reward_model in GRPO and PPO checkpoints
+PPO_STATE_KEY = "ppo"  # PPO's {"updates": optimizer steps so far, "minibatches": the epoch's accumulation counter}
+MINIMIND_PPO_KEYS = ("critic_model", "critic_optimizer", "scheduler", "critic_scheduler")  # train_ppo.py's lm_checkpoint kwargs
 
 # Everything one of our checkpoints holds, by top-level key: who provides it (each through its own public
 # hook: a ``state_dict``, an ``on_save_checkpoint``) and what it is. ``tests/test_training.py`` checks a real
@@ -55,9 +57,9 @@ CHECKPOINT_SCHEMA: dict[str, str] = {
                     "epoch length, batch size, dataset length)",
     "model_config": "LitMiniMind.on_save_checkpoint: the model's shape",
     LR_SCHEDULE_KEY: "LitMiniMind.on_save_checkpoint: the LR rule's total steps (a resume with another says so)",
-    START_WEIGHTS_KEY: "LitMiniMind.on_save_checkpoint, LoRA, DPO and GRPO only: path and sha256 of --from_weight",
+    START_WEIGHTS_KEY: "LitMiniMind.on_save_checkpoint, LoRA, DPO, GRPO and PPO only: path and sha256 of --from_weight",
     TEACHER_KEY: "LitMiniMind.on_save_checkpoint, distillation only: path and sha256 of --model.teacher",
-    REWARD_MODEL_KEY: "LitMiniMind.on_save_checkpoint, GRPO with a reward model only: path and sha256 of "
+    REWARD_MODEL_KEY: "LitMiniMind.on_save_checkpoint, GRPO and PPO with a reward model only: path and sha256 of "
                       "--model.reward_model",
     TRAINING_STATE_KEY: "ResumeCallback.on_save_checkpoint: every rank's RNG",
     "model": "ResumeCallback.on_save_checkpoint: MiniMind's fp16 weights",
@@ -66,6 +68,11 @@ CHECKPOINT_SCHEMA: dict[str, str] = {
     "world_size": "ResumeCallback.on_save_checkpoint: MiniMind's world size",
     "wandb_id": "ResumeCallback.on_save_checkpoint: the wandb run id (None without wandb)",
     "scaler": "ResumeCallback.on_save_checkpoint: MiniMind's GradScaler state ({} without one)",
+    PPO_STATE_KEY: "LitMiniMind.on_save_checkpoint, PPO only: optimizer steps so far and the epoch's minibatch counter",
+    "critic_model": "LitMiniMind.on_save_checkpoint, PPO only: the critic's fp32 weights (MiniMind's key)",
+    "critic_optimizer": "LitMiniMind.on_save_checkpoint, PPO only: the critic's AdamW (optimizer_states[1])",
+    "scheduler": "LitMiniMind.on_save_checkpoint, PPO only: MiniMind's actor CosineAnnealingLR state",
+    "critic_scheduler": "LitMiniMind.on_save_checkpoint, PPO only: MiniMind's critic CosineAnnealingLR state",
 }
 
 

@@ -23,6 +23,7 @@ from lit_minimind.checkpoint.names import (
     HF_CONFIG_KEY,
     LORA_KEY,
     MINIMIND_KEYS,
+    MINIMIND_PPO_KEYS,
     MODULE_PREFIX,
     RESUME_STATE_KEY,
 )
@@ -87,6 +88,9 @@ def to_lightning(ckpt: dict[str, Any]) -> dict[str, Any]:
         DATA_STATE_KEY: position,
         "callbacks": {RESUME_STATE_KEY: {"wandb_id": ckpt.get("wandb_id"), "source_format": "minimind_resume"}},
     }
+    for key in MINIMIND_PPO_KEYS:  # train_ppo.py's extra keys: LitMiniMind's PPO restore reads them
+        if key in ckpt:
+            converted[key] = ckpt[key]
     if ckpt.get("scaler"):  # Lightning restores this key into any MixedPrecision plugin's scaler
         converted["native_amp_scaling_state"] = ckpt["scaler"]
     return converted

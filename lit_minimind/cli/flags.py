@@ -2,7 +2,8 @@
 ``--lora_name``, ``train_dpo.py``: ``--beta``, ``train_distillation.py``: ``--alpha``, ``--temperature``,
 ``--from_teacher_weight``, ``--teacher_*``, ``--student_*``, ``--from_student_weight``, ``train_grpo.py``:
 ``--num_generations``, ``--loss_type``, ``--epsilon``, ``--epsilon_high``, ``--max_gen_len``, ``--thinking_ratio``,
-``--reward_model_path``, ``--rollout_engine torch``), translated into the port's own flags.
+``--reward_model_path``, ``--rollout_engine torch``, ``train_agent.py``: ``--max_total_len``), translated into the
+port's own flags.
 
 ``python -m lit_minimind.fit --epochs 2 --batch_size 32 --from_resume 1`` means what it means
 in MiniMind; MiniMind's and the port's flags mix freely (later ones win, as in argparse).
@@ -48,11 +49,25 @@ SIMPLE = {
     "max_gen_len": "--model.max_gen_len",
     "thinking_ratio": "--data.thinking_ratio",
     "reward_model_path": "--model.reward_model",
+    "critic_learning_rate": "--model.critic_learning_rate",
+    "clip_epsilon": "--model.epsilon",
+    "kl_coef": "--model.beta",
+    "vf_coef": "--model.vf_coef",
+    "gamma": "--model.gamma",
+    "lam": "--model.lam",
+    "cliprange_value": "--model.cliprange_value",
+    "ppo_update_iters": "--model.ppo_update_iters",
+    "early_stop_kl": "--model.early_stop_kl",
+    "mini_batch_size": "--model.mini_batch_size",
+    "max_total_len": "--model.max_total_len",
 }
 BOOLS = {"use_moe": "--model.use_moe", "student_use_moe": "--model.use_moe", "teacher_use_moe": "--model.teacher_use_moe"}
 DISTILL = {"alpha", "temperature", "from_teacher_weight", "teacher_hidden_size", "teacher_num_layers", "teacher_use_moe"}
 GRPO = {"num_generations", "loss_type", "epsilon", "epsilon_high", "max_gen_len", "thinking_ratio", "reward_model_path",
         "rollout_engine"}  # train_grpo.py's own flags: any of them means --model.objective grpo
+PPO = {"critic_learning_rate", "clip_epsilon", "kl_coef", "vf_coef", "gamma", "lam", "cliprange_value", "ppo_update_iters",
+       "early_stop_kl", "mini_batch_size"}  # train_ppo.py's own flags: --model.objective ppo (before GRPO's shared ones)
+AGENT = {"max_total_len"}  # train_agent.py's own flag: --model.objective agent (GRPO's flags it shares keep it)
 DTYPES = {"bfloat16": "bf16-mixed", "float16": "16-mixed", "float32": "32-true"}
 SAME = ["log_interval", "from_weight"]  # the port's flags too: they pass through
 MINIMIND_FLAGS = [*SIMPLE, *SAME, *BOOLS, "device", "dtype", "from_resume", "use_wandb", "wandb_project", "use_compile",
@@ -77,10 +92,13 @@ def help_epilog() -> str:
               "the rank unless --model.lora_rank is given)",
               "a flag of train_grpo.py (--num_generations, --loss_type, --epsilon, --epsilon_high, --max_gen_len, "
               "--thinking_ratio, --reward_model_path, --rollout_engine torch) also sets --model.objective grpo",
+              "a flag of train_ppo.py (--critic_learning_rate, --clip_epsilon, --kl_coef, --vf_coef, --gamma, --lam, "
+              "--cliprange_value, --ppo_update_iters, --early_stop_kl, --mini_batch_size) sets --model.objective ppo",
+              "a flag of train_agent.py (--max_total_len) sets --model.objective agent (with GRPO's flags it shares)",
               "--rollout_engine torch: the only engine (sglang is not supported)",
               "--log_interval, --from_weight: the same"]
     return ("MiniMind's flags (trainer/train_pretrain.py, train_full_sft.py, train_lora.py, train_dpo.py, "
-            "train_distillation.py, train_grpo.py) are "
+            "train_distillation.py, train_grpo.py, train_ppo.py, train_agent.py) are "
             "accepted too\n(--flag value or --flag=value, mixed with the flags above; later ones win):\n  "
             + "\n  ".join(pairs))
 
@@ -171,10 +189,15 @@ def translate(argv: list[str], compile_supported: bool = False) -> Translation:
     if given:
         items = _presets_first(items)
     # MiniMind's default project of the script whose flags these are
-    script_project = ("MiniMind-LoRA" if "lora_name" in given else "MiniMind-GRPO" if GRPO & given.keys()
+    script_project = ("MiniMind-LoRA" if "lora_name" in given else "MiniMind-Agent-RL" if AGENT & given.keys()
+                      else "MiniMind-PPO" if PPO & given.keys()
+                      else "MiniMind-GRPO" if GRPO & given.keys()
                       else "MiniMind-DPO" if "beta" in given
                       else "MiniMind-Distillation" if DISTILL & given.keys() else WANDB_PROJECT)
     project, has_wandb = given.get("wandb_project") or script_project, "use_wandb" in given
+    # train_grpo.py's flags that train_ppo.py shares (--max_gen_len, ...) keep --config minimind_ppo's objective
+    ppo_preset = any(tok.removeprefix("--config=").removesuffix(".yaml").endswith("minimind_ppo") for tok in argv)
+    agent_preset = any(tok.removeprefix("--config=").removesuffix(".yaml").endswith("minimind_agent") for tok in argv)
     out = Translation([])
     for it in items:
         if isinstance(it, str):
@@ -183,8 +206,10 @@ def translate(argv: list[str], compile_supported: bool = False) -> Translation:
         flag, value = it
         rank_given = any(a.split("=", 1)[0] == "--model.lora_rank" for a in argv)
         port = _translate_one(flag, value or "", project, compile_supported, out.notes, rank_given)
-        if flag in DISTILL | GRPO and "--model.objective" not in out.origins:  # once, with the first such flag
-            port = ["--model.objective", "distill" if flag in DISTILL else "grpo", *port]
+        if flag in DISTILL | GRPO | PPO | AGENT and "--model.objective" not in out.origins:  # once, with the first such flag
+            objective = ("agent" if AGENT & given.keys() or agent_preset else "ppo" if PPO & given.keys() or ppo_preset
+                         else "distill" if flag in DISTILL else "grpo")
+            port = ["--model.objective", objective, *port]
         out.args += port
         nothing = {"wandb_project": "(the project of --use_wandb)" if has_wandb else "(unused without --use_wandb)",
                    "use_compile": "(not supported yet)" if value == "1" else "(off)"}.get(flag, "(nothing: start fresh)")

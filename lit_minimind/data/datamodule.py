@@ -53,7 +53,9 @@ class MiniMindDataModule(L.LightningDataModule):
             ``sft`` or ``dpo`` forces it (``dpo`` without ``data_path``: pairs made from the embedded
             chat corpus); ``rlaif``: the prompts of conversations for the RL stage
             (:mod:`lit_minimind.data.rlaif`, set by ``--model.objective grpo``; without ``data_path``:
-            the embedded chat corpus). A file mixing kinds is an error naming the first line of another kind.
+            the embedded chat corpus); ``agent``: MiniMind's agent RL records (:mod:`lit_minimind.data.agent`,
+            set by ``--model.objective agent``; without ``data_path``: the embedded demo questions for the six
+            tools). A file mixing kinds is an error naming the first line of another kind.
         add_system_ratio: SFT only: probability of prepending a system prompt to a conversation
             that has none (MiniMind: 0.2).
         empty_think_ratio: SFT and DPO: probability of keeping a sample's empty
@@ -62,7 +64,8 @@ class MiniMindDataModule(L.LightningDataModule):
             index), so a resumed run sees the same samples; the epoch is the sampler's once
             :meth:`lit_minimind.data.sft.SFTDataset.follow_epoch` links them, else 0.
         thinking_ratio: RL prompts only: probability of opening the thinking block of a prompt
-            (MiniMind's ``--thinking_ratio`` 0.9), drawn the same way.
+            (MiniMind's ``--thinking_ratio`` 0.9), drawn the same way; agent RL: of each rollout (drawn there from
+            Python's ``random``, ``train_agent.py``'s 0.1, the agent stage's default).
     """
 
     def __init__(
@@ -74,7 +77,7 @@ class MiniMindDataModule(L.LightningDataModule):
         num_workers: int = 0,
         cache_dir: str | None = None,
         val_fraction: float = 0.0,
-        kind: Literal["auto", "pretrain", "sft", "dpo", "rlaif"] = "auto",
+        kind: Literal["auto", "pretrain", "sft", "dpo", "rlaif", "agent"] = "auto",
         add_system_ratio: float = 0.2,
         empty_think_ratio: float = 0.2,
         thinking_ratio: float = 0.9,
@@ -90,13 +93,13 @@ class MiniMindDataModule(L.LightningDataModule):
         if not 0.0 <= val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
         self.val_fraction = val_fraction
-        if kind not in ("auto", "pretrain", "sft", "dpo", "rlaif"):
-            raise ValueError(f"kind must be 'auto', 'pretrain', 'sft', 'dpo' or 'rlaif', got {kind!r}")
+        if kind not in ("auto", "pretrain", "sft", "dpo", "rlaif", "agent"):
+            raise ValueError(f"kind must be 'auto', 'pretrain', 'sft', 'dpo', 'rlaif' or 'agent', got {kind!r}")
         from lit_minimind.data.sft import check_ratios
 
         check_ratios(add_system_ratio=add_system_ratio, empty_think_ratio=empty_think_ratio, thinking_ratio=thinking_ratio)
         self.kind = kind
-        self.data_kind: str | None = None  # "pretrain", "sft", "dpo" or "rlaif", known after setup()
+        self.data_kind: str | None = None  # "pretrain", "sft", "dpo", "rlaif" or "agent", known after setup()
         self.add_system_ratio = add_system_ratio
         self.empty_think_ratio = empty_think_ratio
         self.thinking_ratio = thinking_ratio
@@ -112,7 +115,12 @@ class MiniMindDataModule(L.LightningDataModule):
         from lit_minimind.data.tokenizer import build_default_tokenizer, default_cache_dir
 
         cache = Path(self.cache_dir) if self.cache_dir else default_cache_dir()
-        data = Path(self.data_path) if self.data_path else write_embedded_corpus(cache)
+        if self.kind == "agent" and not self.data_path:  # the embedded demo questions
+            from lit_minimind.data.agent import EMBEDDED_AGENT_DATA
+
+            data = EMBEDDED_AGENT_DATA
+        else:
+            data = Path(self.data_path) if self.data_path else write_embedded_corpus(cache)
         tok = Path(self.tokenizer_path) if self.tokenizer_path else build_default_tokenizer(cache)
         return data, tok
 
@@ -158,6 +166,12 @@ class MiniMindDataModule(L.LightningDataModule):
             full = RLAIFDataset(data, self.tokenizer, max_length=self.max_seq_len, chat_template=load_chat_template(tok),
                                 add_system_ratio=self.add_system_ratio, thinking_ratio=self.thinking_ratio,
                                 cache_dir=self.cache_dir)
+        elif self.data_kind == "agent":
+            from lit_minimind.data.agent import AgentDataset
+            from lit_minimind.data.chat_template import load_chat_template
+
+            full = AgentDataset(data, cache_dir=self.cache_dir)
+            full.chat_template = load_chat_template(tok)  # the rollouts render their turns with it
         else:
             full = PretrainDataset(data, self.tokenizer, max_length=self.max_seq_len, cache_dir=self.cache_dir)
         n_val = math.ceil(len(full) * self.val_fraction) if self.val_fraction > 0 else 0
@@ -261,6 +275,10 @@ class MiniMindDataModule(L.LightningDataModule):
             from lit_minimind.data.rlaif import collate_prompts
 
             return collate_prompts
+        if self.data_kind == "agent":  # lists of messages, tools and ground truths (no tensors)
+            from lit_minimind.data.agent import collate_agent
+
+            return collate_agent
         return None
 
     def val_dataloader(self) -> DataLoader | list:

@@ -28,6 +28,7 @@ from lit_minimind.model.dpo import DPO_BETA, Reference, dpo_inputs, dpo_loss, fi
 from lit_minimind.model.grpo import (
     GRPO_BETA,
     LOSS_TYPES,
+    RANK_SEED_STRIDE,
     completion_log_probs,
     completion_mask,
     group_advantages,
@@ -38,19 +39,35 @@ from lit_minimind.model.grpo import (
     seed_rollout_stream,
 )
 from lit_minimind.model.lora import apply_lora, freeze_base, is_lora_key
+from lit_minimind.model.ppo import (
+    PPO_DEFAULTS,
+    annealed_lr,
+    build_critic,
+    load_ppo_state,
+    ppo_step,
+    ppo_trainer_problem,
+    save_ppo_state,
+    total_updates,
+)
 from lit_minimind.model.reward import RewardModel, bradley_terry_loss
 from lit_minimind.resume.states import rank_rng_state
 
-OBJECTIVES = ("auto", "lm", "dpo", "distill", "reward", "grpo")
+OBJECTIVES = ("auto", "lm", "dpo", "distill", "reward", "grpo", "ppo", "agent")
+ROLLOUT_OBJECTIVES = ("grpo", "ppo", "agent")  # sample from the policy: a rollout stream, a scorer
+REFERENCE_OBJECTIVES = ("dpo", *ROLLOUT_OBJECTIVES)  # a frozen reference built from --from_weight
 
 
 def objective_data_problem(objective: str, kind: str) -> str | None:
     """Why ``objective`` cannot train on data of ``kind`` (None when it can)."""
-    if objective == "grpo":
-        return None if kind == "rlaif" else (f"--model.objective grpo samples answers to prompts: give conversations with "
+    if (objective == "agent") != (kind == "agent"):
+        return ("--model.objective agent rolls out tool calls: give agent RL records with --data.kind agent, not "
+                f"--data.kind {kind}" if objective == "agent" else
+                f"--data.kind agent holds tool-use questions for --model.objective agent, not for {objective}")
+    if objective in ("grpo", "ppo"):
+        return None if kind == "rlaif" else (f"--model.objective {objective} samples answers to prompts: give conversations with "
                                              f"--data.kind rlaif, not --data.kind {kind}")
     if kind == "rlaif":
-        return f"--data.kind rlaif holds prompts for --model.objective grpo, not for {objective}"
+        return f"--data.kind rlaif holds prompts for --model.objective grpo or ppo, not for {objective}"
     if (objective in ("dpo", "reward")) != (kind == "dpo"):
         return f"--model.objective {objective} trains on " + (
             "preference pairs: give DPO data (--data.kind dpo, or a file of chosen/rejected records)"
@@ -133,6 +150,22 @@ class LitMiniMind(L.LightningModule):
             scored in ``reward_python``); ``none``: the rule rewards alone.
         reward_python: the Python (with transformers) that scores a transformers ``reward_model`` directory;
             default: this one.
+        critic_learning_rate: PPO: the critic's peak LR (``train_ppo.py``'s ``--critic_learning_rate`` 5e-7); the
+            actor's is ``learning_rate``, its clip ``epsilon`` (``--clip_epsilon``), its KL weight ``beta``
+            (``--kl_coef`` 0.02) (:mod:`lit_minimind.model.ppo`).
+        vf_coef: PPO: the value loss's weight (``--vf_coef`` 0.5).
+        gamma: PPO: GAE's discount (``--gamma`` 1.0).
+        lam: PPO: GAE's lambda (``--lam`` 0.95).
+        cliprange_value: PPO: the value clip around the rollout's values (``--cliprange_value`` 0.2).
+        ppo_update_iters: PPO: passes over each rollout (``--ppo_update_iters`` 2).
+        early_stop_kl: PPO: a minibatch's approximate KL above it ends the passes (``--early_stop_kl`` 0.25).
+        mini_batch_size: PPO: rows per update (``--mini_batch_size`` 2).
+        accumulation_steps: PPO: minibatches per optimizer step (MiniMind's ``--accumulation_steps``; PPO steps its
+            optimizers itself, so the CLI moves ``--trainer.accumulate_grad_batches`` here).
+        max_total_len: agent RL: tokens of a packed trajectory at most, its last kept (``train_agent.py``'s
+            ``--max_total_len`` 2500; :mod:`lit_minimind.model.agent`; the stage: ``--model.objective agent``).
+        grad_clip: PPO: the gradient norm clip of each model (``--grad_clip``; moved here from
+            ``--trainer.gradient_clip_val`` by the CLI).
     """
 
     def __init__(
@@ -166,6 +199,17 @@ class LitMiniMind(L.LightningModule):
         max_gen_len: int = 1024,
         reward_model: str = "none",
         reward_python: str | None = None,
+        critic_learning_rate: float = PPO_DEFAULTS["critic_learning_rate"],
+        vf_coef: float = PPO_DEFAULTS["vf_coef"],
+        gamma: float = PPO_DEFAULTS["gamma"],
+        lam: float = PPO_DEFAULTS["lam"],
+        cliprange_value: float = PPO_DEFAULTS["cliprange_value"],
+        ppo_update_iters: int = PPO_DEFAULTS["ppo_update_iters"],
+        early_stop_kl: float = PPO_DEFAULTS["early_stop_kl"],
+        mini_batch_size: int = PPO_DEFAULTS["mini_batch_size"],
+        accumulation_steps: int = 1,
+        grad_clip: float = 1.0,
+        max_total_len: int = 2500,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -199,10 +243,19 @@ class LitMiniMind(L.LightningModule):
             raise ValueError(f"temperature must be > 0, got {temperature}")
         if loss_type not in LOSS_TYPES:
             raise ValueError(f"loss_type must be one of {', '.join(LOSS_TYPES)}, got {loss_type!r}")
-        if objective == "grpo" and (num_generations < 2 or max_gen_len < 1):
+        if objective == "agent" and max_total_len < 2:
+            raise ValueError(f"agent RL needs max_total_len >= 2, got {max_total_len}")
+        if objective in ("grpo", "agent") and (num_generations < 2 or max_gen_len < 1):
             raise ValueError(f"GRPO needs num_generations >= 2 (a group to compare) and max_gen_len >= 1, got "
                              f"{num_generations} and {max_gen_len}")
-        self.beta = beta if beta is not None else (GRPO_BETA if objective == "grpo" else DPO_BETA)
+        self.beta = beta if beta is not None else {"grpo": GRPO_BETA, "agent": GRPO_BETA, "ppo": PPO_DEFAULTS["kl_coef"]}.get(objective, DPO_BETA)
+        self.critic = None  # PPO: MiniMind's CriticModel, a submodule (checkpointed, its own optimizer)
+        if objective == "ppo":
+            if min(ppo_update_iters, mini_batch_size, accumulation_steps, max_gen_len) < 1:
+                raise ValueError("PPO needs ppo_update_iters, mini_batch_size, accumulation_steps and max_gen_len >= 1")
+            self.critic = build_critic(self.config, int(os.environ.get("PL_GLOBAL_SEED", MINIMIND_SEED)))
+            self.automatic_optimization = False  # two optimizers, several updates per rollout
+        self.ppo_state = {"updates": 0, "minibatches": 0}  # PPO: optimizer steps so far, the epoch's minibatch count
         self.scorer = None  # GRPO's reward model (a RewardScorer), held outside the modules as the reference
         self._stream_epoch: int | None = None  # GRPO: the epoch whose rollout stream this process has set up
         self._rng_restored = False  # GRPO: whether a resume gave this rank its saved RNG state
@@ -231,13 +284,15 @@ class LitMiniMind(L.LightningModule):
             from lit_minimind.errors import UsageError
 
             raise UsageError(problem)
-        if self.objective in ("dpo", "grpo") and self.reference is None:
+        if self.objective in REFERENCE_OBJECTIVES and self.reference is None:
             if self.start_weights is None:
                 from lit_minimind.errors import UsageError
 
                 raise UsageError(f"{self.objective.upper()} needs --from_weight: the frozen reference model is built "
                                  "from it (MiniMind: full_sft)")
             self.reference = self._build_reference(self.start_weights["path"], self.start_weights["sha256"])
+            if self.critic is not None:  # MiniMind: the critic's backbone from the same file, its head as drawn
+                self.critic.load_state_dict(model_weights(read_checkpoint(self.start_weights["path"])), strict=False)
         if self.objective == "distill" and self.teacher is None:
             if not self.hparams.teacher:
                 from lit_minimind.errors import UsageError
@@ -246,8 +301,12 @@ class LitMiniMind(L.LightningModule):
             self.teacher = load_teacher(self.hparams.teacher, hidden_size=self.hparams.teacher_hidden_size,
                                         num_hidden_layers=self.hparams.teacher_num_layers,
                                         use_moe=self.hparams.teacher_use_moe)
-        if self.objective == "grpo":
+        if self.objective in ROLLOUT_OBJECTIVES:
             self.setup_grpo()
+        if self.objective == "ppo" and (problem := ppo_trainer_problem(self.trainer)):
+            from lit_minimind.errors import UsageError
+
+            raise UsageError(problem)
         rank = self.trainer.global_rank
         if rank > 0:
             seed_rank(int(os.environ.get("PL_GLOBAL_SEED", MINIMIND_SEED)) + rank)  # Lightning's seed_everything sets it
@@ -261,7 +320,7 @@ class LitMiniMind(L.LightningModule):
     @property
     def needs_start_weights(self) -> bool:
         """Whether a resume needs ``--from_weight`` too (what the checkpoints leave out)."""
-        return bool(self.hparams.lora_rank) or self.objective in ("dpo", "grpo")
+        return bool(self.hparams.lora_rank) or self.objective in REFERENCE_OBJECTIVES
 
     def _build_reference(self, path: str, sha256: str) -> Reference:
         with torch.random.fork_rng(devices=[]):  # building it draws nothing from the training's stream
@@ -288,10 +347,16 @@ class LitMiniMind(L.LightningModule):
         return max(1, int(total))
 
     def lr_total(self) -> int:
-        """``T`` of this run's LR rule, in its own unit: micro-batches (MiniMind's rule), optimizer steps (GRPO's)."""
-        if self.objective != "grpo":
-            return self.total_lr_steps()
+        """``T`` of this run's LR rule, in its own unit: micro-batches (MiniMind's rule), optimizer steps (GRPO's, PPO's)."""
         trainer, total = self.trainer, math.inf
+        if self.objective == "ppo":
+            hp = self.hparams
+            total = total_updates(int(trainer.num_training_batches), max(trainer.max_epochs or 1, 1),
+                                  self.trainer.datamodule.batch_size, hp.mini_batch_size, hp.ppo_update_iters,
+                                  hp.accumulation_steps)
+            return max(min(total, trainer.max_steps) if trainer.max_steps and trainer.max_steps > 0 else total, 1)
+        if self.objective not in ("grpo", "agent"):
+            return self.total_lr_steps()
         if trainer.max_epochs and trainer.max_epochs > 0:
             total = math.ceil(int(trainer.num_training_batches) / trainer.accumulate_grad_batches) * trainer.max_epochs
         if trainer.max_steps and trainer.max_steps > 0:
@@ -305,13 +370,15 @@ class LitMiniMind(L.LightningModule):
         total, epoch = self.lr_total(), self.current_epoch
         if int(saved_total) == total:
             return None
-        if self.objective == "grpo":
+        if self.objective in ("grpo", "agent"):
             steps = self.trainer.global_step
             lr = lambda t: self.grpo_lr_of(steps, t)  # noqa: E731
+        elif self.objective == "ppo":
+            lr = lambda t: annealed_lr(self.ppo_state["updates"], t, self.hparams.learning_rate)  # noqa: E731
         else:
             index = epoch * int(self.trainer.num_training_batches) + batch_idx + 1
             lr = lambda t: minimind_lr(index, t, self.hparams.learning_rate, self.hparams.warmup_steps)  # noqa: E731
-        unit = "optimizer steps" if self.objective == "grpo" else "steps"
+        unit = "optimizer steps" if self.objective in ROLLOUT_OBJECTIVES else "steps"
         return (f"learning rate schedule: {saved_total} -> {total} total {unit} (another epoch or step count than the "
                 f"checkpoint's run): lr {lr(int(saved_total)):.6g} -> {lr(total):.6g} at epoch {epoch + 1} step {batch_idx + 1}")
 
@@ -331,6 +398,12 @@ class LitMiniMind(L.LightningModule):
                 say(line)
         if self.objective == "grpo":
             return self.grpo_step(batch, batch_idx)
+        if self.objective == "agent":
+            return self.agent_step(batch, batch_idx)
+        if self.objective == "ppo":
+            loss = ppo_step(self, batch, batch_idx)
+            self.train_loss_mean.update(loss.float())
+            return loss
         lr = self.lr_at(self.current_epoch, batch_idx + 1)
         for group in self.optimizers().param_groups:
             group["lr"] = lr
@@ -396,17 +469,27 @@ class LitMiniMind(L.LightningModule):
         eta_min = peak / 10
         return eta_min + (peak - eta_min) * (1 + math.cos(math.pi * optimizer_steps / max(int(total), 1))) / 2
 
+    def prepare_rollout_stream(self, ids: torch.Tensor, batch_idx: int) -> bool:
+        """At an epoch's first step in this process, seed torch's stream (agent RL: Python's ``random`` too) as
+        MiniMind's epoch start (unless a resume restored them where they stood); returns whether it was seeded."""
+        seeded = False
+        if self._stream_epoch != self.current_epoch:
+            if batch_idx == 0 or not self._rng_restored:
+                seed_rollout_stream(self.current_epoch, len(self.trainer.datamodule.train_dataset), ids.device,
+                                    self.global_rank)
+                if self.objective == "agent":  # setup_seed's Python random too: agent RL's thinking draws
+                    random.seed(MINIMIND_SEED + self.current_epoch + self.global_rank * RANK_SEED_STRIDE)
+                seeded = True
+            self._stream_epoch = self.current_epoch
+        return seeded
+
     def grpo_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         """One rollout of the batch's prompts and MiniMind's GRPO / CISPO loss (:mod:`lit_minimind.model.grpo`)."""
         from lit_minimind.data.tokenizer import PAD_ID
 
         hp, generations = self.hparams, self.hparams.num_generations
         ids, prompts = batch["input_ids"], batch["prompts"]
-        if self._stream_epoch != self.current_epoch:  # an epoch's first step in this process
-            if batch_idx == 0 or not self._rng_restored:  # else the resume restored the stream where it stood
-                seed_rollout_stream(self.current_epoch, len(self.trainer.datamodule.train_dataset), ids.device,
-                                    self.global_rank)
-            self._stream_epoch = self.current_epoch
+        self.prepare_rollout_stream(ids, batch_idx)
         steps = self.trainer.global_step
         for group in self.optimizers().param_groups:
             group["lr"] = self.grpo_lr(steps)
@@ -433,6 +516,47 @@ class LitMiniMind(L.LightningModule):
                            "avg_response_len": mask.sum(dim=1).float().mean(),
                            "lr": self.grpo_lr(steps + 1 if window_end else steps)}
         self.rollout_log = {"completion_ids": completion_ids, "rewards": rewards}  # for callbacks and tests
+        self.train_loss_mean.update(loss.detach().float())
+        return loss
+
+    def agent_step(self, batch: dict[str, list[Any]], batch_idx: int) -> torch.Tensor:
+        """MiniMind's ``train_agent.py`` step (:mod:`lit_minimind.model.agent`): every sample's multi-turn rollouts
+        (tools run, results appended; thinking drawn from Python's ``random``), their rewards, the packed
+        trajectories' log-probs under the policy and the reference, and the GRPO / CISPO loss over the model's own
+        tokens; the LR and the seeding as :meth:`grpo_step`'s."""
+        from lit_minimind.data.tokenizer import PAD_ID
+        from lit_minimind.model.agent import agent_loss, pack, rollout_batch, token_log_probs, trajectory_rewards
+
+        hp, generations = self.hparams, self.hparams.num_generations
+        device = next(self.model.parameters()).device
+        self.prepare_rollout_stream(torch.empty(0, device=device), batch_idx)  # a tensor for its device
+        steps = self.trainer.global_step
+        for group in self.optimizers().param_groups:
+            group["lr"] = self.grpo_lr(steps)
+        datamodule = self.trainer.datamodule
+        template = getattr(datamodule.train_dataset, "chat_template", None)
+        trajectories = rollout_batch(self.model, datamodule.tokenizer, batch, generations, hp.max_gen_len,
+                                     datamodule.thinking_ratio, random, template)
+        rewards = trajectory_rewards(trajectories, batch, generations, self.scorer, template).to(device)
+        input_ids, loss_mask, old_logps = pack(trajectories, hp.max_total_len, device)
+        attention = (input_ids != PAD_ID).long()
+        out = self.model(input_ids, attention_mask=attention)
+        logps = token_log_probs(out.logits, input_ids)
+        assert self.reference is not None, "agent RL without a reference model (setup builds it)"
+        ref_logps = token_log_probs(self.reference.logits(input_ids, like=next(self.model.parameters()),
+                                                          attention_mask=attention), input_ids)
+        advantages = group_advantages(rewards, generations)
+        pg_loss, kl_ref = agent_loss(logps, ref_logps, old_logps, advantages, loss_mask, hp.loss_type, self.beta,
+                                     hp.epsilon, hp.epsilon_high)
+        loss = pg_loss + out.aux_loss
+        window_end = (batch_idx + 1) % self.trainer.accumulate_grad_batches == 0  # as grpo_step: the LR printed
+        self.last_stats = {"loss": loss.detach(), "aux_loss": out.aux_loss.detach(), "reward": rewards.mean(),
+                           "kl_ref": kl_ref, "group_reward_std": rewards.view(-1, generations).std(dim=1, unbiased=False).mean(),
+                           "advantages_std": advantages.std(), "advantages_mean": advantages.mean(),
+                           "avg_response_len": loss_mask.sum(dim=1).float().mean(),
+                           "lr": self.grpo_lr(steps + 1 if window_end else steps)}
+        self.rollout_log = {"completion_ids": input_ids, "rewards": rewards,  # the packed trajectories
+                            "turn_outputs": [t.turn_outputs for t in trajectories]}
         self.train_loss_mean.update(loss.detach().float())
         return loss
 
@@ -464,8 +588,12 @@ class LitMiniMind(L.LightningModule):
         self.val_loss_mean.reset()
         self.val_accuracy_mean.reset()
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
+    def configure_optimizers(self) -> torch.optim.Optimizer | list[torch.optim.Optimizer]:
         trainable = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: the adapters only, as MiniMind
+        if self.critic is not None:  # PPO: the actor's, then the critic's (MiniMind's critic_optimizer)
+            return [torch.optim.AdamW(trainable, lr=self.hparams.learning_rate, weight_decay=self.hparams.weight_decay),
+                    torch.optim.AdamW(self.critic.parameters(), lr=self.hparams.critic_learning_rate,
+                                      weight_decay=self.hparams.weight_decay)]
         return torch.optim.AdamW(trainable, lr=self.hparams.learning_rate, weight_decay=self.hparams.weight_decay)
 
     # ----------------------------------------------------------------- checkpoints
@@ -479,6 +607,8 @@ class LitMiniMind(L.LightningModule):
             checkpoint[TEACHER_KEY] = {"path": str(self.teacher.path), "sha256": self.teacher.sha256}
         if self.scorer is not None:
             checkpoint[REWARD_MODEL_KEY] = {"path": str(self.scorer.path), "sha256": self.scorer.sha256}
+        if self.critic is not None:
+            save_ppo_state(self, checkpoint)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint of another model shape or start weights, naming every differing field at once
@@ -488,6 +618,8 @@ class LitMiniMind(L.LightningModule):
         problems += self.reward_model_mismatches(checkpoint)
         self._rng_restored = rank_rng_state(checkpoint.get(TRAINING_STATE_KEY) or {}, self.global_rank) is not None
         self._saved_lr_total = (checkpoint.get(LR_SCHEDULE_KEY) or {}).get("total")  # checked at the first batch
+        if self.critic is not None:
+            load_ppo_state(self, checkpoint)
         if problems:
             raise CheckpointError("checkpoint does not match this run (a resume needs the same model):\n  "
                                   + "\n  ".join(problems))
@@ -507,7 +639,7 @@ class LitMiniMind(L.LightningModule):
                                 "is it a LoRA run's checkpoint of this rank?")
         saved = checkpoint.get(START_WEIGHTS_KEY)
         if saved and self.needs_start_weights:
-            what = "reference model" if self.objective in ("dpo", "grpo") else "LoRA base"
+            what = "reference model" if self.objective in REFERENCE_OBJECTIVES else "LoRA base"
             if self.start_weights is None:
                 problems.append(f"--from_weight: none given, but the checkpoint's {what} is {saved['path']} "
                                 f"(sha256 {saved['sha256'][:12]}); pass it")
@@ -520,7 +652,7 @@ class LitMiniMind(L.LightningModule):
     def reward_model_mismatches(self, checkpoint: dict[str, Any]) -> list[str]:
         """A GRPO resume needs the reward model its checkpoint was trained with (or none, as then)."""
         saved = checkpoint.get(REWARD_MODEL_KEY)
-        if self.objective != "grpo" or "state_dict" not in checkpoint or not checkpoint.get("hyper_parameters"):
+        if self.objective not in ROLLOUT_OBJECTIVES or "state_dict" not in checkpoint or not checkpoint.get("hyper_parameters"):
             return []
         if saved is None and self.scorer is not None:
             return [f"--model.reward_model {self.scorer.path}: the checkpoint was trained with rule rewards only "

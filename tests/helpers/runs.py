@@ -47,7 +47,13 @@ LINE_RE = re.compile(
     r"Epoch:\[(\d+)/(\d+)\]\((\d+)/(\d+)\), (?:loss: ([\d.]+), (?:logits_loss|dpo_loss|reward_loss|ce): ([\d.]+), "
     r"aux_loss: ([\d.]+), (?:distill: [\d.]+, )?(?:lr|learning_rate): ([\d.]+), epoch_time: ([\d.]+)min"
     r"|Reward: (-?[\d.]+), KL_ref: (-?[\d.]+), Adv Std: (-?[\d.]+), Adv Mean: (-?[\d.]+), Actor Loss: (-?[\d.]+), "
-    r"Avg Response Len: ([\d.]+), Learning Rate: ([\d.]+))"
+    r"Avg Response Len: ([\d.]+), Learning Rate: ([\d.]+)"
+    # its PPO line (train_ppo.py): groups 16-23 (reward, KL_ref, approx KL, clipfrac, critic loss, length, actor and critic lr)
+    r"|Reward: (-?[\d.]+), KL_ref: (-?[\d.]+), Approx KL: (-?[\d.]+), ClipFrac: ([\d.]+), Critic Loss: ([\d.]+), "
+    r"Avg Response Len: ([\d.]+), Actor LR: ([\d.]+), Critic LR: ([\d.]+)"
+    # its agent RL line (train_agent.py): groups 24-31 (reward, KL, group std, advantages' std, loss, length, adv mean, lr)
+    r"|Reward:(-?[\d.]+), KL:(-?[\d.]+), GrpStd:(-?[\d.]+), AdvStd:(-?[\d.]+), Loss:(-?[\d.]+), AvgLen:([\d.]+), "
+    r"AdvMean:(-?[\d.]+), LR:([\d.]+))"
 )
 DISTILL_RE = re.compile(r"Epoch:\[(\d+)/\d+\]\((\d+)/\d+\), loss: ([\d.]+), ce: ([\d.]+), aux_loss: ([\d.]+), "
                         r"distill: ([\d.]+), learning_rate: ([\d.]+)")
@@ -96,7 +102,8 @@ def free_port() -> int:
 def steps_of(lines: list[tuple]) -> dict[tuple[int, int], tuple[str, ...]]:
     """(epoch, step) -> printed (loss, logits_loss, aux_loss, lr) of ``LINE_RE.findall`` matches (a GRPO line:
     its seven values)."""
-    return {(int(m[0]), int(m[2])): (m[4], m[5], m[6], m[7]) if m[4] else tuple(m[9:16]) for m in lines}
+    return {(int(m[0]), int(m[2])): (m[4], m[5], m[6], m[7]) if m[4] else tuple(m[9:16]) if m[9] else tuple(m[16:24]) if m[16]
+            else tuple(m[24:32]) for m in lines}
 
 
 @dataclass
