@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers.rollouts import rollout_rows
 from tests.helpers.runs import (
     MINIMIND,
     QUIET,
@@ -272,12 +273,7 @@ def test_kill_anywhere_grpo(tmp_path: Path) -> None:
                           stem="grpo_64")
     assert len(runs) >= 2, "no kill happened"
     assert_steps_match(runs, ref)
-    rows = {}
-    for line in (kill_dir / "rollouts.jsonl").read_text().splitlines():  # a step trained twice is sampled alike
-        row = json.loads(line)
-        assert rows.setdefault((row["epoch"], row["step"]), row["completion_ids"]) == row["completion_ids"]
-    want = {(r["epoch"], r["step"]): r["completion_ids"] for r in map(json.loads, (ref_dir / "rollouts.jsonl").read_text().splitlines())}
-    assert rows == want
+    assert rollout_rows(kill_dir, "completion_ids") == rollout_rows(ref_dir, "completion_ids")
     assert_same_files(ref_dir, kill_dir, ["out/grpo_64.pth", "checkpoints/grpo_64_resume.pth"])
 
 

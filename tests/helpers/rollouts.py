@@ -26,3 +26,16 @@ class RolloutLog(L.Callback):
                **{k: float(v) for k, v in pl_module.last_stats.items()}}
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
+
+
+def rollout_rows(run_dir: Any, key: str | None = None) -> dict[tuple[int, int], Any]:
+    """A run directory's ``rollouts.jsonl`` by (epoch, step): each row (or its ``key``); a step trained twice (its
+    run killed after it, before its checkpoint) must be rolled out alike both times."""
+    from pathlib import Path
+
+    rows: dict[tuple[int, int], Any] = {}
+    for line in (Path(run_dir) / "rollouts.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        value = row if key is None else row[key]
+        assert rows.setdefault((row["epoch"], row["step"]), value) == value, f"step {row['epoch']}/{row['step']} differs"
+    return rows
