@@ -112,12 +112,14 @@ def test_fixture_exercises_tool_turns():
     assert len({r for s in steps for r in s["rewards"]}) > 5
 
 
-@pytest.mark.slow
+# the CLI reproduces the same run (tests/test_agent_stage.py, in CI); this loop over the functions alone is the
+# matrix's (make test-matrix): where a difference lies when that test fails
+@pytest.mark.matrix
 def test_port_is_minimind_s_run(tmp_path):
     check_rows(run_port(RUNS["full"], tmp_path), RUNS["full"]["steps"])
 
 
-@pytest.mark.slow
+@pytest.mark.matrix
 def test_port_resumes_from_minimind_s_file_as_minimind(tmp_path):
     resume = torch.load(HERE / "checkpoints__agent_64_resume.e0s2.pth", map_location="cpu", weights_only=False)
     check_rows(run_port(RUNS["resumed"], tmp_path, resume), RUNS["resumed"]["steps"])
