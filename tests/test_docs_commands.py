@@ -51,6 +51,7 @@ RUN = [
     ("grpo.md", '.venv/bin/python -m lit_minimind.generate out/grpo_128.pth --chat "What is the assert statement?"'),
     ("agent-rl.md", ".venv/bin/python -m lit_minimind.fit --model.objective agent --model.max_gen_len 64 --model.num_generations 4 "
                     "--data.batch_size 2 --model.learning_rate 1e-5 --trainer.max_epochs 1 --log_interval 1"),
+    ("agent-rl.md", ".venv/bin/python -m lit_minimind.eval_toolcall out/agent_128.pth --max_new_tokens 64"),
     ("ppo.md", ".venv/bin/python -m lit_minimind.fit --model.objective ppo --model.reward_model out/reward_128.pth "
                "--data.thinking_ratio 0 --data.max_seq_len 256 --model.max_gen_len 48 --data.batch_size 4 "
                "--model.mini_batch_size 2 --model.learning_rate 1e-5 --model.critic_learning_rate 1e-4 --trainer.max_epochs 3"),

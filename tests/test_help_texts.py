@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tests.helpers.runs import cli_env
 
-COMMANDS = ["fit", "generate", "serve", "eval", "inspect", "export", "merge_lora", "train_tokenizer"]
+COMMANDS = ["fit", "generate", "serve", "eval", "eval_toolcall", "inspect", "export", "merge_lora", "train_tokenizer"]
 
 
 def helps(cwd: Path) -> dict[str, str]:

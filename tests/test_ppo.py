@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import shutil
 import signal
 from pathlib import Path
+from typing import Any
 
+import lightning.pytorch as pl
 import pytest
 import torch
 
+from tests.helpers.rollouts import rollout_rows
 from tests.helpers.runs import (
     QUIET,
     SFT_EXPORT,
@@ -28,6 +32,8 @@ from tests.helpers.runs import (
     assert_same_files,
     assert_steps_match,
     at_line,
+    cli_env,
+    expected_resume,
     need_shared,
     run_cli,
     run_until_done,
@@ -274,12 +280,7 @@ def test_kill_anywhere_ppo(tmp_path: Path) -> None:
                           stem="ppo_actor_64", iters=4)
     assert len(runs) >= 2, "no kill happened"
     assert_steps_match(runs, ref)
-    rows = {}
-    for line in (kill_dir / "rollouts.jsonl").read_text().splitlines():  # a step trained twice is sampled alike
-        row = json.loads(line)
-        assert rows.setdefault((row["epoch"], row["step"]), row) == row
-    want = {(r["epoch"], r["step"]): r for r in map(json.loads, (ref_dir / "rollouts.jsonl").read_text().splitlines())}
-    assert rows == want  # every float of every step, bit for bit
+    assert rollout_rows(kill_dir) == rollout_rows(ref_dir)  # every float of every step, bit for bit
     assert_same_files(ref_dir, kill_dir, ["out/ppo_actor_64.pth", "checkpoints/ppo_actor_64_resume.pth"])
 
 
@@ -326,3 +327,46 @@ def test_train_ppo_flags_set_the_ppo_objective() -> None:
                       "--mini_batch_size", "4", "--early_stop_kl", "0.5", "--gamma", "0.99", "--lam", "0.9",
                       "--vf_coef", "0.25", "--cliprange_value", "0.3"]).args
     assert args[:2] == ["--model.objective", "ppo"] and "--model.epsilon" in args and "--model.vf_coef" in args
+
+
+class RankWeights(pl.Callback):
+    """Test callback (``--trainer.callbacks+=tests.test_ppo.RankWeights``): at the end of training rank 0 prints every
+    rank's actor and critic weights as two sums each (``@@rank-weights ...``): equal only if the gradients of both
+    models were all-reduced at every step."""
+
+    def on_train_end(self, trainer: pl.Trainer, module: Any) -> None:
+        flat = torch.cat([p.detach().double().flatten() for p in (*module.model.parameters(), *module.critic.parameters())])
+        mark = torch.stack([flat.sum(), (flat * torch.arange(flat.numel(), dtype=torch.float64)).sum()])
+        every = trainer.strategy.all_gather(mark)
+        if trainer.global_rank == 0:
+            print("@@rank-weights", " ".join(f"{v:.17g}" for v in every.flatten().tolist()), flush=True)
+
+
+@SLOW
+def test_ppo_ddp_killed_and_resumed_exactly(tmp_path: Path) -> None:
+    """DDP, 2 processes (gloo): each rank samples its own prompts from its own stream, the gradients of actor and
+    critic are all-reduced (both ranks end with the same weights) and the early KL stop is agreed by the ranks; the
+    group SIGKILLed inside a save and resumed ends with the uninterrupted run's files and printed steps."""
+    need_shared()
+    ddp = tiny_ppo_args("--trainer.devices", "2", "--trainer.strategy", "ddp", "--resume.save_interval", "1",
+                        "--trainer.callbacks+=tests.test_ppo.RankWeights")
+    ref_dir, killed_dir = tmp_path / "ref", tmp_path / "killed"
+    ref_dir.mkdir(), killed_dir.mkdir()
+    ref = run_cli(ref_dir, ddp)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    assert len(ref.steps) == 6  # 3 epochs x 2 batches per rank
+    marks = [float(v) for v in ref.stdout.split("@@rank-weights ")[1].splitlines()[0].split()]
+    assert marks[:2] == marks[2:], f"the ranks' weights differ: {marks}"
+    ranks = torch.load(ref_dir / "checkpoints" / "ppo_actor_64_resume.pth", weights_only=True)["lit_minimind"]["ranks"]
+    assert not torch.equal(*[state["rng"]["torch"] for state in ranks]), "both ranks drew the same numbers"
+    kls = [float(v) for v in re.findall(r"Approx KL: ([0-9.]+)", ref.stdout)]
+    assert len(kls) == 6 and max(kls) > 0.002  # the early stop (--model.early_stop_kl 0.002) taken on some step
+    killed = run_cli(killed_dir, ddp, env=cli_env(LIT_MINIMIND_TEST_STOP_IN_SAVE="4:checkpoint"))
+    assert killed.returncode == -9
+    where = expected_resume(killed_dir, "ppo_actor_64", iters=2)
+    assert where == (2, 2)  # the fourth save (epoch 2, step 2) never committed: mid-epoch, streams restored
+    resumed = run_cli(killed_dir, ddp + ["--ckpt_path", "last"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_resumed(resumed, *where)
+    assert resumed.steps == {k: v for k, v in ref.steps.items() if k >= where}
+    assert_same_files(ref_dir, killed_dir, ["out/ppo_actor_64.pth", "checkpoints/ppo_actor_64_resume.pth"])

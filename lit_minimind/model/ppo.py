@@ -14,10 +14,11 @@ Each batch of prompts is one rollout, then ``ppo_update_iters`` passes over it i
 4. **updates**: ``ppo_update_iters`` passes, each over a ``torch.randperm`` of the rows in ``mini_batch_size``
    minibatches (:func:`ppo_losses`): the clipped policy loss plus ``kl_coef`` times the k3 KL to the reference,
    the clipped value loss (``cliprange_value``) times ``vf_coef``; MiniMind's early stop: once a minibatch's
-   ``0.5 * mean(log_ratio^2)`` exceeds ``early_stop_kl`` its loss and the rest of the pass count zero (a zero
-   backward, the optimizers still step) and no further pass runs. Both optimizers step together every
-   ``accumulation_steps`` minibatches (a counter over the epoch) and at the rollout's end, each with its
-   gradients clipped to ``grad_clip``, each LR cosine-annealed to a tenth over :func:`total_updates`.
+   ``0.5 * mean(log_ratio^2)`` (the mean over DDP's processes: :func:`agreed_kl`) exceeds ``early_stop_kl``, its
+   loss and the rest of the pass count zero (a zero backward, the optimizers still step) and no further pass runs.
+   Both optimizers step together every ``accumulation_steps`` minibatches (a counter over the epoch) and at the
+   rollout's end, each with its gradients clipped to ``grad_clip``, each LR cosine-annealed to a tenth over
+   :func:`total_updates`. Under DDP every ``manual_backward`` all-reduces both models' gradients.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from lit_minimind.checkpoint.names import PPO_STATE_KEY
 from lit_minimind.model.minimind import MiniMindConfig, MiniMindForCausalLM, SkipWeightInit
 from lit_minimind.model.reward import RewardModel
 
-__all__ = ["PPO_DEFAULTS", "PPO_STATE_KEY", "CriticModel", "annealed_lr", "build_critic", "critic_head_init", "gae",
-           "load_ppo_state", "minimind_scheduler_state", "old_log_probs", "ppo_losses", "ppo_step", "ppo_trainer_problem",
+__all__ = ["PPO_DEFAULTS", "PPO_STATE_KEY", "CriticModel", "agreed_kl", "annealed_lr", "build_critic", "critic_head_init",
+           "gae", "load_ppo_state", "minimind_scheduler_state", "old_log_probs", "ppo_losses", "ppo_step", "ppo_trainer_problem",
            "save_ppo_state", "step_optimizers", "total_updates", "whiten"]
 
 # train_ppo.py's defaults of its own flags
@@ -161,6 +162,14 @@ def step_optimizers(module: Any, updates: int) -> None:
     critic.zero_grad()
 
 
+def agreed_kl(module: Any, approx_kl: torch.Tensor) -> torch.Tensor:
+    """The minibatch's approximate KL averaged over the processes (MiniMind's ``all_reduce(AVG)``): every rank
+    takes the same early-stop decision, so all run the same number of backward passes (DDP's collectives)."""
+    if module.trainer.world_size == 1:
+        return approx_kl
+    return module.trainer.strategy.reduce(approx_kl.detach().clone(), reduce_op="mean")
+
+
 def ppo_step(module: Any, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
     """One rollout of the batch's prompts and MiniMind's PPO updates on it (module docstring)."""
     from lit_minimind.data.tokenizer import EOS_ID, PAD_ID
@@ -204,6 +213,7 @@ def ppo_step(module: Any, batch: dict[str, Any], batch_idx: int) -> torch.Tensor
             logps = completion_log_probs(out.logits, outputs[inds], prompt_len)
             losses = ppo_losses(logps, old_logps[inds], ref_logps[inds], values, old_values[inds], advantages[inds],
                                 returns[inds], mask[inds], hp.epsilon, hp.cliprange_value, module.beta)
+            losses["approx_kl"] = agreed_kl(module, losses["approx_kl"])
             if float(losses["approx_kl"]) > hp.early_stop_kl:
                 stop = True
             loss = losses["policy_loss"] + hp.vf_coef * losses["value_loss"] + aux_loss
@@ -231,10 +241,7 @@ def ppo_step(module: Any, batch: dict[str, Any], batch_idx: int) -> torch.Tensor
 
 
 def ppo_trainer_problem(trainer: Any) -> str | None:
-    """What PPO cannot run under (None: it can): more than one process, fp16 with a grad scaler."""
-    if trainer.world_size > 1:
-        return (f"PPO runs in one process for now (--trainer.devices/--trainer.num_nodes give {trainer.world_size}): "
-                "its several backward passes per step are not yet synchronised under DDP")
+    """What PPO cannot run under (None: it can): fp16 with a grad scaler."""
     if getattr(trainer.precision_plugin, "scaler", None) is not None:
         return ("PPO with --trainer.precision 16-mixed is not supported (MiniMind's train_ppo.py uses no grad scaler): "
                 "use bf16-mixed or 32-true")
