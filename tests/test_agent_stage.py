@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers.rollouts import rollout_rows
+from tests.helpers.rollouts import assert_minimind_loads_rl_resume, rollout_rows
 from tests.helpers.runs import (
     QUIET,
     TOKENIZER,
@@ -100,6 +100,7 @@ def test_from_resume_continues_minimind_agent_file(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     assert_resumed(out, 1, 3)
     assert_minimind_steps(tmp_path, out.stdout, "resumed")
+    assert_minimind_loads_rl_resume(tmp_path / "checkpoints" / "agent_64_resume.pth", FIXTURE / "checkpoints__agent_64_resume.e0s2.pth")
 
 
 def test_agent_demo_on_the_embedded_questions(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers.rollouts import rollout_rows
+from tests.helpers.rollouts import assert_minimind_loads_rl_resume, rollout_rows
 from tests.helpers.runs import (
     MINIMIND,
     QUIET,
@@ -243,6 +243,7 @@ def test_from_resume_continues_minimind_grpo_file(tmp_path: Path, run: str) -> N
     assert out.returncode == 0, out.stderr[-3000:]
     assert_resumed(out, 1, int(saved.name.split(".e0s")[1].split(".")[0]) + 1)
     assert_minimind_steps(tmp_path, RUNS[run]["steps"])
+    assert_minimind_loads_rl_resume(tmp_path / "checkpoints" / "grpo_64_resume.pth", saved)
 
 
 # ----------------------------------------------------------------------------- exact resume, the reward model

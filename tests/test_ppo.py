@@ -228,7 +228,8 @@ def assert_minimind_loads(path: Path, run: str) -> None:
     (actor, critic, both AdamW, both CosineAnnealingLR), at MiniMind's update count and next LR, and the schedulers
     step on to MiniMind's following LR."""
     from lit_minimind.model import MiniMindConfig, MiniMindForCausalLM
-    from lit_minimind.model.ppo import CriticModel, annealed_lr
+    from lit_minimind.model.ppo import CriticModel
+    from lit_minimind.model.schedules import annealed_lr
 
     argv = RUNS[run]["argv"]
     flag = lambda name: float(argv[argv.index(name) + 1])  # noqa: E731

@@ -71,7 +71,7 @@ CHECKPOINT_SCHEMA: dict[str, str] = {
     PPO_STATE_KEY: "LitMiniMind.on_save_checkpoint, PPO only: optimizer steps so far and the epoch's minibatch counter",
     "critic_model": "LitMiniMind.on_save_checkpoint, PPO only: the critic's fp32 weights (MiniMind's key)",
     "critic_optimizer": "LitMiniMind.on_save_checkpoint, PPO only: the critic's AdamW (optimizer_states[1])",
-    "scheduler": "LitMiniMind.on_save_checkpoint, PPO only: MiniMind's actor CosineAnnealingLR state",
+    "scheduler": "LitMiniMind.on_save_checkpoint, GRPO, agent RL and PPO only: MiniMind's (actor) CosineAnnealingLR state",
     "critic_scheduler": "LitMiniMind.on_save_checkpoint, PPO only: MiniMind's critic CosineAnnealingLR state",
 }
 

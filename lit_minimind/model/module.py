@@ -41,7 +41,6 @@ from lit_minimind.model.grpo import (
 from lit_minimind.model.lora import apply_lora, freeze_base, is_lora_key
 from lit_minimind.model.ppo import (
     PPO_DEFAULTS,
-    annealed_lr,
     build_critic,
     load_ppo_state,
     ppo_step,
@@ -50,6 +49,7 @@ from lit_minimind.model.ppo import (
     total_updates,
 )
 from lit_minimind.model.reward import RewardModel, bradley_terry_loss
+from lit_minimind.model.schedules import annealed_lr, minimind_lr, save_minimind_scheduler
 from lit_minimind.resume.states import rank_rng_state
 
 OBJECTIVES = ("auto", "lm", "dpo", "distill", "reward", "grpo", "ppo", "agent")
@@ -73,18 +73,6 @@ def objective_data_problem(objective: str, kind: str) -> str | None:
             "preference pairs: give DPO data (--data.kind dpo, or a file of chosen/rejected records)"
             if kind != "dpo" else f"SFT or pretraining data, not DPO pairs (--data.kind {kind})")
     return None
-
-
-def minimind_lr(step: int, total_steps: int, learning_rate: float, warmup_steps: int = 0) -> float:
-    """MiniMind's cosine rule ``lr * (0.1 + 0.45 * (1 + cos(pi * t / T)))``.
-
-    ``t`` is the 1-based micro-batch index ``epoch * iters + step``, ``T = epochs * iters``.
-    With ``warmup_steps > 0`` (not MiniMind's default) the first micro-batches ramp linearly.
-    """
-    lr = learning_rate * (0.1 + 0.45 * (1 + math.cos(math.pi * step / total_steps)))
-    if warmup_steps > 0 and step < warmup_steps:
-        lr *= step / warmup_steps
-    return lr
 
 
 def seed_rank(seed: int) -> None:
@@ -372,7 +360,7 @@ class LitMiniMind(L.LightningModule):
             return None
         if self.objective in ("grpo", "agent"):
             steps = self.trainer.global_step
-            lr = lambda t: self.grpo_lr_of(steps, t)  # noqa: E731
+            lr = lambda t: annealed_lr(steps, t, self.hparams.learning_rate)  # noqa: E731
         elif self.objective == "ppo":
             lr = lambda t: annealed_lr(self.ppo_state["updates"], t, self.hparams.learning_rate)  # noqa: E731
         else:
@@ -462,12 +450,7 @@ class LitMiniMind(L.LightningModule):
     def grpo_lr(self, optimizer_steps: int) -> float:
         """MiniMind's GRPO LR: ``CosineAnnealingLR`` over the run's optimizer steps down to a tenth of the peak
         (``T_max = ceil(iters / accumulation) * epochs``, or ``--trainer.max_steps``), after ``optimizer_steps``."""
-        return self.grpo_lr_of(optimizer_steps, self.lr_total())
-
-    def grpo_lr_of(self, optimizer_steps: int, total: int) -> float:
-        peak = self.hparams.learning_rate
-        eta_min = peak / 10
-        return eta_min + (peak - eta_min) * (1 + math.cos(math.pi * optimizer_steps / max(int(total), 1))) / 2
+        return annealed_lr(optimizer_steps, self.lr_total(), self.hparams.learning_rate)
 
     def prepare_rollout_stream(self, ids: torch.Tensor, batch_idx: int) -> bool:
         """At an epoch's first step in this process, seed torch's stream (agent RL: Python's ``random`` too) as
@@ -601,6 +584,9 @@ class LitMiniMind(L.LightningModule):
         checkpoint["model_config"] = self.config.to_dict()
         if math.isfinite(self.trainer.num_training_batches):  # a save during fit (not one before any epoch)
             checkpoint[LR_SCHEDULE_KEY] = {"total": self.lr_total()}
+            if self.objective in ("grpo", "agent"):  # MiniMind's train_grpo.py / train_agent.py resume reads it
+                save_minimind_scheduler(checkpoint, "scheduler", 0, self.trainer.global_step, self.lr_total(),
+                                        self.hparams.learning_rate)
         if self.needs_start_weights and self.start_weights is not None:
             checkpoint[START_WEIGHTS_KEY] = dict(self.start_weights)
         if self.teacher is not None:

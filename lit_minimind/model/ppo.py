@@ -31,9 +31,10 @@ import torch
 from lit_minimind.checkpoint.names import PPO_STATE_KEY
 from lit_minimind.model.minimind import MiniMindConfig, MiniMindForCausalLM, SkipWeightInit
 from lit_minimind.model.reward import RewardModel
+from lit_minimind.model.schedules import annealed_lr, save_minimind_scheduler
 
-__all__ = ["PPO_DEFAULTS", "PPO_STATE_KEY", "CriticModel", "agreed_kl", "annealed_lr", "build_critic", "critic_head_init",
-           "gae", "load_ppo_state", "minimind_scheduler_state", "old_log_probs", "ppo_losses", "ppo_step", "ppo_trainer_problem",
+__all__ = ["PPO_DEFAULTS", "PPO_STATE_KEY", "CriticModel", "agreed_kl", "build_critic", "critic_head_init",
+           "gae", "load_ppo_state", "old_log_probs", "ppo_losses", "ppo_step", "ppo_trainer_problem",
            "save_ppo_state", "step_optimizers", "total_updates", "whiten"]
 
 # train_ppo.py's defaults of its own flags
@@ -75,19 +76,6 @@ def total_updates(iters: int, epochs: int, batch_size: int, mini_batch_size: int
     """MiniMind's ``T_max``: ``ceil(iters * epochs * update_iters * ceil(batch / minibatch) / accumulation)``."""
     mb_factor = max(1, math.ceil(batch_size / mini_batch_size))
     return math.ceil(iters * epochs * update_iters * mb_factor / accumulation)
-
-
-def annealed_lr(steps: int, total: int, peak: float) -> float:
-    """``CosineAnnealingLR(T_max=total, eta_min=peak / 10)`` after ``steps`` scheduler steps."""
-    eta_min = peak / 10
-    return eta_min + (peak - eta_min) * (1 + math.cos(math.pi * steps / max(int(total), 1))) / 2
-
-
-def minimind_scheduler_state(steps: int, total: int, peak: float) -> dict[str, Any]:
-    """The ``state_dict`` of MiniMind's ``CosineAnnealingLR`` after ``steps`` steps (its resume file's ``scheduler``)."""
-    lr = annealed_lr(steps, total, peak)
-    return {"T_max": int(total), "eta_min": peak / 10, "base_lrs": [peak], "last_epoch": int(steps),
-            "_step_count": int(steps) + 1, "_is_initial": False, "_get_lr_called_within_step": False, "_last_lr": [lr]}
 
 
 def gae(token_rewards: torch.Tensor, values: torch.Tensor, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -261,10 +249,7 @@ def save_ppo_state(module: Any, checkpoint: dict[str, Any]) -> None:
     if math.isfinite(module.trainer.num_training_batches):
         total = module.lr_total()
         for key, opt, peak in (("scheduler", 0, hp.learning_rate), ("critic_scheduler", 1, hp.critic_learning_rate)):
-            checkpoint[key] = minimind_scheduler_state(updates, total, peak)
-            if len(optimizers) == 2:  # MiniMind's optimizer holds the next step's LR (its scheduler stepped)
-                for group in optimizers[opt]["param_groups"]:
-                    group["lr"] = checkpoint[key]["_last_lr"][0]
+            save_minimind_scheduler(checkpoint, key, opt, updates, total, peak)
 
 
 def load_ppo_state(module: Any, checkpoint: dict[str, Any]) -> None:

@@ -39,3 +39,31 @@ def rollout_rows(run_dir: Any, key: str | None = None) -> dict[tuple[int, int], 
         value = row if key is None else row[key]
         assert rows.setdefault((row["epoch"], row["step"]), value) == value, f"step {row['epoch']}/{row['step']} differs"
     return rows
+
+
+def assert_minimind_loads_rl_resume(ours_path: Any, theirs_path: Any) -> None:
+    """What train_grpo.py's and train_agent.py's ``--from_resume 1`` do with the port's resume file of a finished
+    run: MiniMind's keys (``theirs_path``: one of its own resume files) all present; model, AdamW and
+    CosineAnnealingLR (MiniMind's T_max) loaded strictly, the scheduler at T_max with the LR MiniMind's would hold,
+    and one more step giving MiniMind's next LR."""
+    import torch
+
+    from lit_minimind.model import MiniMindConfig, MiniMindForCausalLM
+    from lit_minimind.model.schedules import annealed_lr
+
+    ours = torch.load(ours_path, map_location="cpu", weights_only=False)
+    theirs = torch.load(theirs_path, map_location="cpu", weights_only=False)
+    assert set(theirs) <= set(ours), f"MiniMind's keys missing: {set(theirs) - set(ours)}"
+    model = MiniMindForCausalLM(MiniMindConfig(hidden_size=64, num_hidden_layers=2))
+    model.load_state_dict(ours["model"])
+    peak, total = theirs["scheduler"]["base_lrs"][0], theirs["scheduler"]["T_max"]
+    opt = torch.optim.AdamW(model.parameters(), lr=peak)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total, eta_min=peak / 10)
+    opt.load_state_dict(ours["optimizer"])
+    sched.load_state_dict(ours["scheduler"])
+    assert set(ours["optimizer"]["state"]) == set(theirs["optimizer"]["state"])
+    assert sched.last_epoch == total, (sched.last_epoch, total)  # the run finished: every scheduler step taken
+    assert abs(opt.param_groups[0]["lr"] - annealed_lr(total, total, peak)) < 1e-12
+    opt.step()
+    sched.step()
+    assert abs(opt.param_groups[0]["lr"] - annealed_lr(total + 1, total, peak)) < 1e-10
