@@ -143,3 +143,28 @@ def test_transformers_reward_model_scores_grpo_rollouts(tmp_path: Path) -> None:
     without = run_cli(tmp_path / "again", args)  # this venv has no transformers
     assert without.returncode == 2
     assert "cannot import transformers" in without.stderr and "--model.reward_python" in without.stderr
+
+
+def test_rl_prompt_batches_are_miniminds_tokenizer_calls(tmp_path: Path) -> None:
+    """Over-long RL prompts cut as MiniMind's scripts cut them: PPO's ``tokenizer(truncation=True, max_length)``
+    keeps each prompt's first tokens, GRPO's slice of the padded batch its last; both left-padded."""
+    from lit_minimind.data.rlaif import RLAIFDataset, collate_prompts
+
+    need_shared()
+    directory = tmp_path / "hf"
+    export_hf(MINIMIND / "parity" / "dense_weights.pth", directory, dtype="float32", tokenizer_path=TOKENIZER)
+    tokenizer, template = load_tokenizer(TOKENIZER), load_chat_template(TOKENIZER)
+    data = {side: RLAIFDataset(MINIMIND / "sft" / "sft.jsonl", tokenizer, max_length=24, chat_template=template,
+                               add_system_ratio=0.0, thinking_ratio=0.0, truncation_side=side, cache_dir=tmp_path)
+            for side in ("left", "right")}
+    batches = [[0, 1, 2, 3], [4], [5, 6]]
+    request = {"input_ids": [[1, 2, 3]], "prompt_ids": [BOS_ID], "max_new_tokens": 1, "texts": [], "chats": [],
+               "prompt_batches": [[[data["left"][i][0] for i in b], 24] for b in batches]}
+    result, _ = reference(directory, request, tmp_path)
+    assert any(len(encode(tokenizer, data["left"][i][0], 10**6)) > 24 for b in batches for i in b)  # cut somewhere
+    assert result["ppo_batches"] != result["grpo_batches"]  # the two rules differ on these prompts
+    for side, key in (("right", "ppo_batches"), ("left", "grpo_batches")):
+        for b, (ids, mask) in zip(batches, result[key]):
+            ours = collate_prompts([data[side][i] for i in b])
+            assert ours["input_ids"].tolist() == ids, (side, b)
+            assert ours["attention_mask"].tolist() == mask, (side, b)

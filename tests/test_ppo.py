@@ -179,6 +179,7 @@ def test_minimind_ppo_argv_reproduces_its_run(tmp_path: Path, run: str) -> None:
     out = run_cli(tmp_path, minimind_argv(run))
     assert out.returncode == 0, out.stderr[-3000:]
     assert "--model.objective ppo" in out.stdout  # the first of train_ppo.py's flags sets the objective
+    assert "PPO: a prompt over --data.max_seq_len keeps its first tokens" in out.stdout  # its tokenizer call's rule
     assert_minimind_steps(tmp_path, RUNS[run]["steps"])
     assert_within_fp16_ulp(tmp_path / "out" / "ppo_actor_64.pth", FIXTURE / f"{run}_export.pth")
     log_lines = [line for line in (FIXTURE / f"{run}_log.txt").read_text().splitlines() if line.startswith("Epoch:[")]

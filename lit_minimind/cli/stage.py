@@ -19,6 +19,7 @@ assistant turn the slot to answer). PPO steps its two optimizers itself: its ``-
 and ``--trainer.gradient_clip_val`` move to ``--model.accumulation_steps`` and ``--model.grad_clip``. Agent RL
 reads MiniMind's agent RL records (``--data.kind agent`` is set with it; no data path: the embedded demo questions)
 and opens thinking in 10 % of its rollouts unless ``--data.thinking_ratio`` is given (``train_agent.py``'s default).
+PPO cuts an over-long prompt on the right (``--data.truncation_side right``, ``train_ppo.py``'s rule) unless told.
 
 The names and start weights are defaults: a flag or a ``--config`` file that sets them wins. So a
 fine-tune never overwrites the ``out/*.pth`` it starts from. Distillation's teacher is named the same way:
@@ -90,6 +91,10 @@ def apply_stage_defaults(config: Any, parser: Any, args: list[str]) -> list[str]
     except (ArgumentError, SystemExit):
         return []
     notes = []
+    if stage == "ppo" and given.get("data.truncation_side") is None and "data.truncation_side" in config:
+        config["data.truncation_side"] = "right"
+        notes.append("PPO: a prompt over --data.max_seq_len keeps its first tokens (MiniMind's train_ppo.py; "
+                     "--data.truncation_side to change)")
     if given.get("resume.weight") is None and config.get("resume.weight") == "pretrain":
         config["resume.weight"] = WEIGHT[stage]
         what = {"sft": "SFT data", "lora": "LoRA", "dpo": "DPO data", "distill": "distillation", "reward": "reward model",

@@ -66,6 +66,9 @@ class MiniMindDataModule(L.LightningDataModule):
         thinking_ratio: RL prompts only: probability of opening the thinking block of a prompt
             (MiniMind's ``--thinking_ratio`` 0.9), drawn the same way; agent RL: of each rollout (drawn there from
             Python's ``random``, ``train_agent.py``'s 0.1, the agent stage's default).
+        truncation_side: RL prompts only: which end of a prompt longer than ``max_seq_len`` is cut: ``left``
+            (its last tokens kept: ``train_grpo.py``'s slice of the padded batch) or ``right`` (its first tokens
+            kept: ``train_ppo.py``'s ``tokenizer(..., truncation=True)``, set with ``--model.objective ppo``).
     """
 
     def __init__(
@@ -81,6 +84,7 @@ class MiniMindDataModule(L.LightningDataModule):
         add_system_ratio: float = 0.2,
         empty_think_ratio: float = 0.2,
         thinking_ratio: float = 0.9,
+        truncation_side: Literal["left", "right"] = "left",
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -103,6 +107,9 @@ class MiniMindDataModule(L.LightningDataModule):
         self.add_system_ratio = add_system_ratio
         self.empty_think_ratio = empty_think_ratio
         self.thinking_ratio = thinking_ratio
+        if truncation_side not in ("left", "right"):
+            raise ValueError(f"truncation_side must be 'left' or 'right', got {truncation_side!r}")
+        self.truncation_side = truncation_side
         self.train_dataset = None
         self.val_dataset = None
         self.tokenizer = None
@@ -165,7 +172,7 @@ class MiniMindDataModule(L.LightningDataModule):
 
             full = RLAIFDataset(data, self.tokenizer, max_length=self.max_seq_len, chat_template=load_chat_template(tok),
                                 add_system_ratio=self.add_system_ratio, thinking_ratio=self.thinking_ratio,
-                                cache_dir=self.cache_dir)
+                                truncation_side=self.truncation_side, cache_dir=self.cache_dir)
         elif self.data_kind == "agent":
             from lit_minimind.data.agent import AgentDataset
             from lit_minimind.data.chat_template import load_chat_template

@@ -16,9 +16,10 @@ sequence starts at the epoch's first sample, or, after a resume from MiniMind's 
 at the resume position (:attr:`RLAIFDataset.draws_restart`), as MiniMind's resumed run draws. The system prompts
 are the port's (SFT's), not MiniMind's: with ``add_system_ratio > 0`` the text differs from MiniMind's.
 
-A sample is ``(prompt text, its token ids cut to the last max_length)``; :func:`collate_prompts` left-pads a
-batch with PAD into ``{"input_ids", "attention_mask", "prompts"}``, which is MiniMind's
-``tokenizer(prompts, padding_side="left")[:, -max_seq_len:]``.
+A sample is ``(prompt text, its token ids cut to max_length)``; :func:`collate_prompts` left-pads a batch with PAD
+into ``{"input_ids", "attention_mask", "prompts"}``. Cut on the left (the last tokens kept), that is
+``train_grpo.py``'s ``tokenizer(prompts, padding_side="left")[:, -max_seq_len:]``; cut on the right (the first
+kept), ``train_ppo.py``'s ``tokenizer(prompts, padding_side="left", truncation=True, max_length=max_seq_len)``.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ class RLAIFDataset(FollowsEpoch, JsonlRecords, Dataset[tuple[str, list[int]]]):
     Args:
         data_path: jsonl of ``{"conversations": [...]}`` records.
         tokenizer: from :func:`lit_minimind.data.tokenizer.load_tokenizer`.
-        max_length: the prompt's tokens at most, the last ones kept (MiniMind's ``--max_seq_len``).
+        max_length: the prompt's tokens at most (MiniMind's ``--max_seq_len``).
+        truncation_side: ``left`` drops an over-long prompt's first tokens (GRPO's), ``right`` its last (PPO's).
         chat_template: Jinja source; default MiniMind's.
         add_system_ratio: probability of prepending a system prompt to a conversation without one.
         thinking_ratio: probability of opening the thinking block (MiniMind's ``--thinking_ratio``).
@@ -60,10 +62,13 @@ class RLAIFDataset(FollowsEpoch, JsonlRecords, Dataset[tuple[str, list[int]]]):
 
     def __init__(self, data_path: str | os.PathLike[str], tokenizer: Tokenizer, max_length: int = 768,
                  chat_template: str | None = None, add_system_ratio: float = 0.2,
-                 thinking_ratio: float = THINKING_RATIO, seed: int = MINIMIND_SEED,
+                 thinking_ratio: float = THINKING_RATIO, seed: int = MINIMIND_SEED, truncation_side: str = "left",
                  cache_dir: str | os.PathLike[str] | None = None) -> None:
         if max_length < 1:
             raise ValueError(f"max_length must be >= 1, got {max_length}")
+        if truncation_side not in ("left", "right"):
+            raise ValueError(f"truncation_side must be 'left' or 'right', got {truncation_side!r}")
+        self.truncation_side = truncation_side
         check_ratios(add_system_ratio=add_system_ratio, thinking_ratio=thinking_ratio)
         super().__init__(data_path, check_rlaif_record, cache_dir)
         self.tokenizer, self.max_length, self.chat_template = tokenizer, max_length, chat_template
@@ -130,7 +135,8 @@ class RLAIFDataset(FollowsEpoch, JsonlRecords, Dataset[tuple[str, list[int]]]):
 
     def __getitem__(self, index: int) -> tuple[str, list[int]]:
         text = self.prompt(index)
-        return text, self.tokenizer.encode(text, add_special_tokens=False).ids[-self.max_length:]
+        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        return text, ids[:self.max_length] if self.truncation_side == "right" else ids[-self.max_length:]
 
 
 def collate_prompts(samples: list[tuple[str, list[int]]]) -> dict[str, Any]:
