@@ -120,6 +120,8 @@ def test_agent_demo_on_the_embedded_questions(tmp_path: Path) -> None:
     rows = [json.loads(line) for line in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
     assert all(len(r["rewards"]) == 4 for r in rows)
     assert all(r["completion_ids"] for r in rows)
+    throughput = next(line for line in out.stdout.splitlines() if line.startswith("throughput: "))
+    assert float(throughput.split()[1].replace(",", "")) > 0, throughput  # the packed trajectories' tokens
     assert (tmp_path / "out" / "agent_64.pth").is_file()
     saved = torch.load(tmp_path / "checkpoints" / "agent_64_resume.pth", weights_only=False)
     assert saved["start_weights"]["path"] == "out/memorized_64.pth"

@@ -75,9 +75,11 @@ def format_ppo_line(epoch: int, epochs: int, step: int, iters: int, row: dict[st
     )
 
 
-def batch_tokens(batch: Any) -> int:
+def batch_tokens(batch: Any, rollout: dict[str, Any] | None = None) -> int:
     """Target tokens in a batch, from shapes only (no host sync): ``labels`` of ``(input_ids, labels)``,
-    every ``y_*`` of a DPO dict batch."""
+    every ``y_*`` of a DPO dict batch; agent RL (records, no ids): the step's packed trajectories (``rollout``)."""
+    if isinstance(batch, dict) and "messages" in batch:
+        return int(rollout["completion_ids"].numel()) if rollout else 0
     if isinstance(batch, dict) and "input_ids" in batch:  # RL prompts: the prompt tokens, padding included
         return int(batch["input_ids"].numel())
     if isinstance(batch, dict):
@@ -196,7 +198,7 @@ class MiniMindConsole(Callback):
         if self._epoch_start is None or self._epoch_start[1] > batch_idx:
             self._epoch_start = (time.perf_counter(), batch_idx)
         self.batches += 1
-        tokens = batch_tokens(batch) * trainer.world_size  # shape metadata: no host sync
+        tokens = batch_tokens(batch, getattr(pl_module, "rollout_log", None)) * trainer.world_size  # shapes: no sync
         self.tokens += tokens
         now = time.perf_counter()
         tokens_per_s = tokens / max(now - self._last_batch_end, 1e-9) if self._last_batch_end else 0.0
