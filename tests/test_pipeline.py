@@ -27,7 +27,7 @@ from lit_minimind.cli.pipeline import DEFAULT_CONFIG, Record, load_config, plan
 from tests.helpers.runs import LINE_RE, Run, expected_resume, resumed_at, run_cli
 
 STEMS = {"pretrain": "pretrain_128", "sft": "full_sft_128", "dpo": "dpo_128", "reward": "reward_128",
-         "grpo": "grpo_128", "distill": "full_dist_64"}
+         "grpo": "grpo_128", "ppo": "ppo_actor_128", "agent": "agent_128", "distill": "full_dist_64"}
 TIMING = {"epoch_time", "tokens_per_s"}  # columns that measure the clock, not the training
 STARTED = re.compile(r"^pipeline: (\S+): (?:starting|continuing \(attempt \d+\)):", re.M)
 TINY_FIT = {"trainer.max_steps": 3, "log_interval": 1, "resume.save_interval": 1,
@@ -40,6 +40,8 @@ def tiny_config(path: Path, **changes: object) -> Path:
     config["fit_args"] = dict(TINY_FIT)
     for stage in config["stages"].values():
         stage["args"].pop("log_interval", None)  # every step on the console: the kills count its lines
+        if "model.max_gen_len" in stage["args"]:  # the RL stages' rollouts short
+            stage["args"]["model.max_gen_len"] = 16
     config["evaluation"].update(max_new_tokens=8, questions=config["evaluation"]["questions"][:2],
                                 prompts=config["evaluation"]["prompts"][:1])
     for key, value in changes.items():
@@ -61,13 +63,14 @@ def test_the_plan_is_each_stage_as_one_command_resuming_its_own_checkpoint() -> 
     config = yaml.safe_load(DEFAULT_CONFIG.read_text())
     config["fit_args"] = {"trainer.max_steps": 2}
     steps = plan(config)
-    assert [s.name for s in steps] == ["pretrain", "sft", "dpo", "reward", "grpo", "distill", "evaluation", "report"]
+    assert [s.name for s in steps] == ["pretrain", "sft", "dpo", "reward", "grpo", "ppo", "agent", "distill", "evaluation",
+                                       "report"]
     sft = steps[1].argv
     assert sft[:4] == ["-m", "lit_minimind.fit", "--trainer.max_steps", "2"]  # fit_args first, the stage's own after
     assert sft[-2:] == ["--ckpt_path", "last"] and sft.count("--ckpt_path") == 1
     assert " ".join(sft[4:-2]) == ("--data.kind sft --from_weight pretrain --data.max_seq_len 256 "
                                    "--data.empty_think_ratio 1 --trainer.max_epochs 30")
-    assert "--model.teacher_use_moe false" in " ".join(steps[5].argv)  # YAML's false as the command line writes it
+    assert "--model.teacher_use_moe false" in " ".join(steps[7].argv)  # YAML's false as the command line writes it
     assert steps[-2].argv == ["-m", "lit_minimind.report", "evaluate", "."]
     # MiniMind's tokenizer, when on: exactly the tokenizer command first, and every stage reads its directory
     config["tokenizer"] = {"enabled": True, "data": "corpus.jsonl", "vocab_size": 6400, "out_dir": "tokenizer"}
@@ -80,7 +83,7 @@ def test_the_plan_is_each_stage_as_one_command_resuming_its_own_checkpoint() -> 
 def test_minimind_s_recipe_runs_each_stage_through_its_fit_preset() -> None:
     steps = {s.name: s.argv for s in plan(load_config("minimind")) if s.kind == "fit"}
     presets = {"pretrain": "minimind_pretrain", "sft": "minimind_sft", "dpo": "minimind_dpo", "reward": "minimind_dpo",
-               "grpo": "minimind_grpo", "distill": "minimind_distill"}
+               "grpo": "minimind_grpo", "ppo": "minimind_ppo", "agent": "minimind_agent", "distill": "minimind_distill"}
     assert {name: argv[2:4] for name, argv in steps.items()} == {n: ["--config", p] for n, p in presets.items()}
     assert "--data.data_path dataset/rlaif.jsonl" in " ".join(steps["grpo"])  # MiniMind's files, relative to the run
 
@@ -110,7 +113,7 @@ def test_a_finished_run_is_skipped_step_by_step(tmp_path: Path) -> None:
     record.save()
     run = pipeline(tmp_path, config, timeout=60)
     assert run.returncode == 0, run.stderr
-    assert len(re.findall(r"^pipeline: \S+: done already \(1.5 s\), skipped$", run.stdout, re.M)) == 8, run.stdout
+    assert len(re.findall(r"^pipeline: \S+: done already \(1.5 s\), skipped$", run.stdout, re.M)) == 10, run.stdout
     assert not STARTED.search(run.stdout) and not (tmp_path / "run" / "out").exists()
 
 

@@ -1,7 +1,7 @@
 """``python -m lit_minimind.pipeline [--config FILE] [--run_dir DIR]``: the whole pipeline as one resumable run.
 
 One YAML config (default ``conf/pipeline/default.yaml``) names the stages and each stage's flags: MiniMind's tokenizer
-(optional), then each ``python -m lit_minimind.fit`` stage (pretrain, SFT, DPO, reward model, GRPO, distillation),
+(optional), then each ``python -m lit_minimind.fit`` stage (pretrain, SFT, DPO, reward model, GRPO, PPO, agent RL, distillation),
 then the evaluation and the report card. Each runs as a child process in the run directory (so its files keep
 MiniMind's names: ``out/``, ``checkpoints/``), its output shown and appended to ``logs/<step>.log``, and
 ``pipeline.json`` records which steps finished, their commands, attempts and wall times, and the config's digest.

@@ -25,7 +25,7 @@ from lit_minimind.checkpoint.atomic import atomic_write_bytes
 # the metrics a stage's final row shows, in this order, when it logged them
 FINAL_METRICS = ("loss", "logits_loss", "dpo_loss", "reward_loss", "ce", "distill", "aux_loss", "mean_loss",
                  "rewards/accuracy", "rewards/margin", "val_loss", "val_reward_accuracy", "val_perplexity", "reward",
-                 "kl_ref", "avg_response_len", "learning_rate")
+                 "kl_ref", "critic_loss", "avg_response_len", "learning_rate")
 # the curve of a stage: the first of these it logged (GRPO: its reward), with its held-out loss when there is one
 CURVES = (("reward", "kl_ref"), ("dpo_loss", "rewards/accuracy"), ("reward_loss", "rewards/accuracy"),
           ("loss", "distill"))
@@ -150,15 +150,21 @@ def last_values(rows: list[dict[str, float]]) -> dict[str, float]:
 
 
 def seen(rows: list[dict[str, float]], config: dict[str, Any]) -> tuple[int, str]:
-    """Optimizer steps, and what they trained on (samples, or GRPO's prompts and completions)."""
+    """Optimizer steps, and what they trained on (samples; the RL stages' prompts and rollouts, counted by batch:
+    PPO steps its optimizers several times a batch)."""
     steps = int(max((r.get("step", 0) for r in rows), default=0))
     data, trainer, model = config.get("data") or {}, config.get("trainer") or {}, config.get("model") or {}
     devices = int(trainer["devices"]) if str(trainer.get("devices")).isdigit() else 1
     per_step = (int(data.get("batch_size") or 0) * int(trainer.get("accumulate_grad_batches") or 1) * devices
                 * int(trainer.get("num_nodes") or 1))
     samples = steps * per_step
-    if model.get("objective") == "grpo":
-        return steps, f"{samples:,} prompts, {samples * int(model.get('num_generations') or 1):,} completions"
+    objective = model.get("objective")
+    if objective in ("grpo", "ppo", "agent"):
+        batches = int(max((r.get("micro_step", 0) for r in rows), default=0))
+        prompts = batches * int(data.get("batch_size") or 0) * devices * int(trainer.get("num_nodes") or 1)
+        rollouts = prompts * (1 if objective == "ppo" else int(model.get("num_generations") or 1))
+        what = ("questions", "multi-turn rollouts") if objective == "agent" else ("prompts", "completions")
+        return steps, f"{prompts:,} {what[0]}, {rollouts:,} {what[1]}"
     seq = data.get("max_seq_len")
     tokens = f" ({samples * int(seq):,} token positions of {seq})" if seq else ""
     return steps, f"{samples:,} samples{tokens}"
