@@ -107,9 +107,9 @@ class MiniMindDataModule(L.LightningDataModule):
         self.add_system_ratio = add_system_ratio
         self.empty_think_ratio = empty_think_ratio
         self.thinking_ratio = thinking_ratio
-        if truncation_side not in ("left", "right"):
-            raise ValueError(f"truncation_side must be 'left' or 'right', got {truncation_side!r}")
-        self.truncation_side = truncation_side
+        from lit_minimind.data.rlaif import check_truncation_side
+
+        self.truncation_side = check_truncation_side(truncation_side)
         self.train_dataset = None
         self.val_dataset = None
         self.tokenizer = None

@@ -40,7 +40,7 @@ from lit_minimind.data.sft import SYSTEM_PROMPTS, FollowsEpoch, augment, chat_me
 from lit_minimind.data.tokenizer import PAD_ID
 from lit_minimind.errors import DataError
 
-__all__ = ["RLAIFDataset", "collate_prompts", "THINKING_RATIO"]
+__all__ = ["RLAIFDataset", "check_truncation_side", "collate_prompts", "THINKING_RATIO"]
 
 THINKING_RATIO = 0.9  # train_grpo.py's --thinking_ratio
 
@@ -66,9 +66,7 @@ class RLAIFDataset(FollowsEpoch, JsonlRecords, Dataset[tuple[str, list[int]]]):
                  cache_dir: str | os.PathLike[str] | None = None) -> None:
         if max_length < 1:
             raise ValueError(f"max_length must be >= 1, got {max_length}")
-        if truncation_side not in ("left", "right"):
-            raise ValueError(f"truncation_side must be 'left' or 'right', got {truncation_side!r}")
-        self.truncation_side = truncation_side
+        self.truncation_side = check_truncation_side(truncation_side)
         check_ratios(add_system_ratio=add_system_ratio, thinking_ratio=thinking_ratio)
         super().__init__(data_path, check_rlaif_record, cache_dir)
         self.tokenizer, self.max_length, self.chat_template = tokenizer, max_length, chat_template
@@ -137,6 +135,13 @@ class RLAIFDataset(FollowsEpoch, JsonlRecords, Dataset[tuple[str, list[int]]]):
         text = self.prompt(index)
         ids = self.tokenizer.encode(text, add_special_tokens=False).ids
         return text, ids[:self.max_length] if self.truncation_side == "right" else ids[-self.max_length:]
+
+
+def check_truncation_side(side: str) -> str:
+    """``side`` if it names an end a prompt is cut at (``left`` or ``right``), else a ValueError saying so."""
+    if side not in ("left", "right"):
+        raise ValueError(f"truncation_side must be 'left' or 'right', got {side!r}")
+    return side
 
 
 def collate_prompts(samples: list[tuple[str, list[int]]]) -> dict[str, Any]:

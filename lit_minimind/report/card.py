@@ -155,13 +155,11 @@ def seen(rows: list[dict[str, float]], config: dict[str, Any]) -> tuple[int, str
     steps = int(max((r.get("step", 0) for r in rows), default=0))
     data, trainer, model = config.get("data") or {}, config.get("trainer") or {}, config.get("model") or {}
     devices = int(trainer["devices"]) if str(trainer.get("devices")).isdigit() else 1
-    per_step = (int(data.get("batch_size") or 0) * int(trainer.get("accumulate_grad_batches") or 1) * devices
-                * int(trainer.get("num_nodes") or 1))
-    samples = steps * per_step
+    per_batch = int(data.get("batch_size") or 0) * devices * int(trainer.get("num_nodes") or 1)
+    samples = steps * per_batch * int(trainer.get("accumulate_grad_batches") or 1)
     objective = model.get("objective")
     if objective in ("grpo", "ppo", "agent"):
-        batches = int(max((r.get("micro_step", 0) for r in rows), default=0))
-        prompts = batches * int(data.get("batch_size") or 0) * devices * int(trainer.get("num_nodes") or 1)
+        prompts = int(max((r.get("micro_step", 0) for r in rows), default=0)) * per_batch
         rollouts = prompts * (1 if objective == "ppo" else int(model.get("num_generations") or 1))
         what = ("questions", "multi-turn rollouts") if objective == "agent" else ("prompts", "completions")
         return steps, f"{prompts:,} {what[0]}, {rollouts:,} {what[1]}"
