@@ -8,20 +8,18 @@ from __future__ import annotations
 import json
 import random
 import shutil
-import signal
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.helpers.rollouts import assert_minimind_loads_rl_resume, rollout_rows
+from tests.helpers.rollouts import assert_minimind_loads_rl_resume, assert_sigterm_mid_rollout_resumes_exactly, rollout_rows
 from tests.helpers.runs import (
     QUIET,
     TOKENIZER,
     assert_resumed,
     assert_same_files,
     assert_steps_match,
-    at_line,
     cli_env,
     expected_resume,
     need_shared,
@@ -188,20 +186,8 @@ def test_sigterm_mid_rollout_saves_at_the_step_and_resumes_exactly(tmp_path: Pat
     """SIGTERM while a step rolls out: the step finishes, is saved, the run exits 0; the resumed run starts at the
     next step and ends with the uninterrupted run's files and values."""
     need_shared()
-    ref_dir, run_dir = tmp_path / "ref", tmp_path / "stopped"
-    ref_dir.mkdir(), run_dir.mkdir()
-    ref = run_cli(ref_dir, tiny_agent_args())
-    assert ref.returncode == 0, ref.stderr[-3000:]
-    stopped = run_cli(run_dir, tiny_agent_args(), on_line=at_line(3, lambda run: run.send(signal.SIGTERM)))
-    assert stopped.returncode == 0, stopped.stderr[-3000:]
-    assert "SIGTERM received" in stopped.stdout
-    last = max(stopped.steps)
+    last = assert_sigterm_mid_rollout_resumes_exactly(tmp_path, tiny_agent_args(), FILES, line=3, iters=4)
     assert (1, 3) <= last < (2, 4)
-    resumed = run_cli(run_dir, [*tiny_agent_args(), "--ckpt_path", "last"])
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert_resumed(resumed, *((last[0], last[1] + 1) if last[1] < 4 else (last[0] + 1, 1)))
-    assert {**stopped.steps, **resumed.steps} == ref.steps
-    assert_same_files(ref_dir, run_dir, FILES)
 
 
 @pytest.mark.slow  # 2-process runs: make test-slow

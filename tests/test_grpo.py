@@ -15,13 +15,12 @@ import math
 import random
 import re
 import shutil
-import signal
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.helpers.rollouts import assert_minimind_loads_rl_resume, rollout_rows
+from tests.helpers.rollouts import assert_minimind_loads_rl_resume, assert_sigterm_mid_rollout_resumes_exactly, rollout_rows
 from tests.helpers.runs import (
     MINIMIND,
     QUIET,
@@ -31,7 +30,6 @@ from tests.helpers.runs import (
     assert_resumed,
     assert_same_files,
     assert_steps_match,
-    at_line,
     cli_env,
     need_shared,
     run_cli,
@@ -283,20 +281,9 @@ def test_sigterm_mid_rollout_saves_at_the_step_and_resumes_exactly(tmp_path: Pat
     """SIGTERM while a step samples: the step finishes, is saved, the run exits 0; the resumed run starts at the next
     step and ends with the uninterrupted run's files."""
     need_shared()
-    ref_dir, run_dir = tmp_path / "ref", tmp_path / "stopped"
-    ref_dir.mkdir(), run_dir.mkdir()
-    ref = run_cli(ref_dir, tiny_grpo_args())
-    assert ref.returncode == 0, ref.stderr[-3000:]
-    stopped = run_cli(run_dir, tiny_grpo_args(), on_line=at_line(3, lambda run: run.send(signal.SIGTERM)))
-    assert stopped.returncode == 0, stopped.stderr[-3000:]
-    assert "SIGTERM received" in stopped.stdout
-    last = max(stopped.steps)
+    last = assert_sigterm_mid_rollout_resumes_exactly(tmp_path, tiny_grpo_args(), ["out/grpo_64.pth",
+                                                      "checkpoints/grpo_64_resume.pth"], line=3, iters=12)
     assert last < (1, 12)
-    resumed = run_cli(run_dir, [*tiny_grpo_args(), "--ckpt_path", "last"])
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert_resumed(resumed, 1, last[1] + 1)
-    assert {**stopped.steps, **resumed.steps} == ref.steps
-    assert_same_files(ref_dir, run_dir, ["out/grpo_64.pth", "checkpoints/grpo_64_resume.pth"])
 
 
 def make_reward_model(path: Path, seed: int) -> None:

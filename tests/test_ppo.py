@@ -14,7 +14,6 @@ import json
 import random
 import re
 import shutil
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from tests.helpers.rollouts import rollout_rows
+from tests.helpers.rollouts import assert_sigterm_mid_rollout_resumes_exactly, rollout_rows
 from tests.helpers.runs import (
     QUIET,
     SFT_EXPORT,
@@ -31,7 +30,6 @@ from tests.helpers.runs import (
     assert_resumed,
     assert_same_files,
     assert_steps_match,
-    at_line,
     cli_env,
     expected_resume,
     need_shared,
@@ -291,20 +289,9 @@ def test_sigterm_mid_rollout_saves_and_resumes_exactly(tmp_path: Path) -> None:
     """SIGTERM while a step samples: the step finishes, is saved, the run exits 0; the resumed run starts at the next
     step (the epoch's accumulation counter and update count restored) and ends with the uninterrupted run's files."""
     need_shared()
-    ref_dir, run_dir = tmp_path / "ref", tmp_path / "stopped"
-    ref_dir.mkdir(), run_dir.mkdir()
-    ref = run_cli(ref_dir, tiny_ppo_args())
-    assert ref.returncode == 0, ref.stderr[-3000:]
-    stopped = run_cli(run_dir, tiny_ppo_args(), on_line=at_line(2, lambda run: run.send(signal.SIGTERM)))
-    assert stopped.returncode == 0, stopped.stderr[-3000:]
-    assert "SIGTERM received" in stopped.stdout
-    last = max(stopped.steps)
+    last = assert_sigterm_mid_rollout_resumes_exactly(tmp_path, tiny_ppo_args(), ["out/ppo_actor_64.pth",
+                                                      "checkpoints/ppo_actor_64_resume.pth"], line=2, iters=4)
     assert last < (3, 4)
-    resumed = run_cli(run_dir, [*tiny_ppo_args(), "--ckpt_path", "last"])
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert_resumed(resumed, last[0] if last[1] < 4 else last[0] + 1, last[1] % 4 + 1)
-    assert {**stopped.steps, **resumed.steps} == ref.steps
-    assert_same_files(ref_dir, run_dir, ["out/ppo_actor_64.pth", "checkpoints/ppo_actor_64_resume.pth"])
 
 
 def test_ppo_refuses_a_grad_scaler(tmp_path: Path) -> None:

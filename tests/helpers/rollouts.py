@@ -67,3 +67,28 @@ def assert_minimind_loads_rl_resume(ours_path: Any, theirs_path: Any) -> None:
     opt.step()
     sched.step()
     assert abs(opt.param_groups[0]["lr"] - annealed_lr(total + 1, total, peak)) < 1e-10
+
+
+def assert_sigterm_mid_rollout_resumes_exactly(tmp_path: Any, args: list[str], files: list[str], *, line: int,
+                                               iters: int) -> tuple[int, int]:
+    """SIGTERM after console line ``line`` of a rollout stage (``args``): the step finishes, is saved, the run exits
+    0; rerun with ``--ckpt_path last`` it starts at the next step (``iters`` per epoch) and ends with the uninterrupted
+    run's steps and ``files``. Returns the last step the stopped run trained, (epoch, step)."""
+    import signal
+
+    from tests.helpers.runs import assert_resumed, assert_same_files, at_line, run_cli
+
+    ref_dir, run_dir = tmp_path / "ref", tmp_path / "stopped"
+    ref_dir.mkdir(), run_dir.mkdir()
+    ref = run_cli(ref_dir, args)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    stopped = run_cli(run_dir, args, on_line=at_line(line, lambda run: run.send(signal.SIGTERM)))
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    assert "SIGTERM received" in stopped.stdout
+    last = max(stopped.steps)
+    resumed = run_cli(run_dir, [*args, "--ckpt_path", "last"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_resumed(resumed, *((last[0], last[1] + 1) if last[1] < iters else (last[0] + 1, 1)))
+    assert {**stopped.steps, **resumed.steps} == ref.steps
+    assert_same_files(ref_dir, run_dir, files)
+    return last
