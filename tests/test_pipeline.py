@@ -167,6 +167,20 @@ def test_the_report_card_is_made_from_what_the_stages_logged(tmp_path: Path) -> 
     assert (run / "report" / "sft.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_the_card_counts_the_rl_stages_by_batch() -> None:
+    """PPO steps its optimizers several times a batch: its prompts are counted by the logged micro-batches, not by
+    optimizer steps; GRPO's and agent RL's rollouts are num_generations per prompt."""
+    from lit_minimind.report.card import seen
+
+    rows = [{"step": 4.0 * b, "micro_step": float(b)} for b in range(1, 20)]  # 19 batches, 4 updates each
+    config = {"data": {"batch_size": 4}, "trainer": {"devices": 1}, "model": {"objective": "ppo"}}
+    assert seen(rows, config) == (76, "76 prompts, 76 completions")
+    config["model"] = {"objective": "agent", "num_generations": 4}
+    assert seen(rows, config) == (76, "76 questions, 304 multi-turn rollouts")
+    config["model"] = {"objective": "grpo", "num_generations": 3}
+    assert seen(rows, config) == (76, "76 prompts, 228 completions")
+
+
 # -------------------------------------------------------------------------------------------------------- slow
 
 
